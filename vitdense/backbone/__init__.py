@@ -1,0 +1,18 @@
+"""The ViT backbone: `create_backbone(name, ...)` -> `VisionTransformer` -> `ViTFeatures`."""
+
+from vitdense.backbone.hybrid import HybridEmbed
+from vitdense.backbone.pretrained import CheckpointError, create_backbone, load_weights, read_state_dict
+from vitdense.backbone.vit import Attention, Block, PatchEmbed, VisionTransformer, ViTFeatures
+
+__all__ = [
+    "Attention",
+    "Block",
+    "CheckpointError",
+    "HybridEmbed",
+    "PatchEmbed",
+    "ViTFeatures",
+    "VisionTransformer",
+    "create_backbone",
+    "load_weights",
+    "read_state_dict",
+]

@@ -1,0 +1,73 @@
+"""Learned 1D position embeddings, resampled in 2D to each input's patch grid.
+
+The paper (section 3.2, "fine-tuning and higher resolution") interpolates the pre-trained
+position embeddings in 2D according to their location in the original image. We resample
+with timm's `resample_abs_pos_embed` (bicubic, antialiased) so that our numbers are
+identical to timm's `dynamic_img_size` path, and cache the result per grid size: at
+inference the same few grid sizes recur for every batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from timm.layers import resample_abs_pos_embed
+from torch import nn
+
+GridSize = tuple[int, int]
+
+
+class PosEmbed(nn.Module):
+    """Learned absolute position embedding stored at a native grid, resampled on demand.
+
+    The parameter is named `pos_embed` on the parent model (timm's state-dict name); this
+    module only owns the resampling logic and its cache, so it holds a reference to it.
+
+    Args:
+        native_grid: (h, w) grid the stored table was trained for.
+        num_prefix_tokens: leading entries of the table that belong to prefix tokens (class,
+            distillation) and are never resampled; 0 for `no_embed_class` models.
+        max_cache: how many resampled tables to keep (one per grid size, dtype, device).
+    """
+
+    def __init__(self, native_grid: GridSize, num_prefix_tokens: int, max_cache: int = 16) -> None:
+        super().__init__()
+        self.native_grid = native_grid
+        self.num_prefix_tokens = num_prefix_tokens
+        self.max_cache = max_cache
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def resample(self, pos_embed: torch.Tensor, grid: GridSize) -> torch.Tensor:
+        """Table for `grid`: [1, num_prefix_tokens + h * w, D].
+
+        Cached only when no gradient will flow into the table (inference, or a frozen
+        table): a cached tensor must not carry an autograd graph between steps. The key
+        includes the parameter's version counter, so an optimizer step or a
+        `load_state_dict` invalidates it.
+        """
+        grid = (int(grid[0]), int(grid[1]))
+        if grid == self.native_grid:
+            return pos_embed
+        use_cache = not (torch.is_grad_enabled() and pos_embed.requires_grad)
+        key = (grid, id(pos_embed), pos_embed._version, pos_embed.dtype, pos_embed.device)
+        if use_cache and key in self._cache:
+            return self._cache[key]
+        out = resample_abs_pos_embed(
+            pos_embed,
+            new_size=list(grid),
+            old_size=list(self.native_grid),
+            num_prefix_tokens=self.num_prefix_tokens,
+        )
+        if use_cache:
+            if len(self._cache) >= self.max_cache:
+                self._cache.clear()
+            self._cache[key] = out.detach()
+        return out
+
+    def __getstate__(self) -> dict:
+        # copies (EMA, deepcopy, pickling for spawn) start with an empty cache
+        state = self.__dict__.copy()
+        state["_cache"] = {}
+        return state
+
+    def extra_repr(self) -> str:
+        return f"native_grid={self.native_grid}, num_prefix_tokens={self.num_prefix_tokens}"

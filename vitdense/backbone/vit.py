@@ -1,0 +1,422 @@
+"""The Vision Transformer encoder of "An Image is Worth 16x16 Words" (Dosovitskiy et al.).
+
+Parameter names follow timm's state dicts (`patch_embed.proj`, `cls_token`, `pos_embed`,
+`blocks.N.attn.qkv`, `norm`), so a timm checkpoint loads without renaming. Unlike timm's
+model, the encoder takes images of any size in one batch: a pixel padding mask marks the
+padding, every image gets position embeddings resampled to its own patch grid, and
+attention ignores padded tokens, so an image's features do not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, LayerScale, Mlp, to_2tuple, trunc_normal_
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from vitdense.backbone.pos_embed import GridSize, PosEmbed
+
+AttnImpl = Literal["auto", "sdpa", "math"]
+
+
+class ViTFeatures(NamedTuple):
+    """What the backbone hands to every head.
+
+    Attributes:
+        cls_token: [B, D] class token after the final norm; None for models without one.
+        patch_tokens: [B, N, D] patch tokens after the final norm, row-major over
+            `grid_size` (N = h * w). Padding tokens are zero.
+        grid_size: (h, w) patch grid of the (padded) batch.
+        padding_mask: [B, N] True on tokens that cover only padding; None when the batch
+            has no padding tokens.
+        prefix_tokens: [B, P, D] all prefix tokens after the final norm, in order class,
+            distillation, registers (P may be 0).
+        intermediates: [B, P + N, D] raw outputs (before the final norm) of the requested
+            blocks, in the order requested.
+        attentions: [B, num_heads, P + N, P + N] softmax attention of the requested blocks.
+    """
+
+    cls_token: torch.Tensor | None
+    patch_tokens: torch.Tensor
+    grid_size: GridSize
+    padding_mask: torch.Tensor | None
+    prefix_tokens: torch.Tensor
+    intermediates: tuple[torch.Tensor, ...] = ()
+    attentions: tuple[torch.Tensor, ...] = ()
+
+    def spatial(self) -> torch.Tensor:
+        """Patch tokens as a feature map: [B, D, h, w]."""
+        b, _, d = self.patch_tokens.shape
+        return self.patch_tokens.transpose(1, 2).reshape(b, d, *self.grid_size)
+
+
+class PatchEmbed(nn.Module):
+    """Non-overlapping P x P patches, linearly projected: a convolution with stride P.
+
+    Inputs whose sides are not multiples of P are zero-padded right and bottom (as timm's
+    `dynamic_img_pad`), so the last row/column of tokens covers part image, part padding.
+    """
+
+    def __init__(
+        self, patch_size: int | tuple[int, int] = 16, in_chans: int = 3, embed_dim: int = 768, bias: bool = True
+    ) -> None:
+        super().__init__()
+        self.patch_size: tuple[int, int] = to_2tuple(patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    @property
+    def reduction(self) -> tuple[int, int]:
+        """Input pixels per token along (h, w)."""
+        return self.patch_size
+
+    def grid_for(self, height: int, width: int) -> GridSize:
+        """Token grid of an image of this size."""
+        return math.ceil(height / self.patch_size[0]), math.ceil(width / self.patch_size[1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] -> [B, h, w, D]."""
+        ph, pw = self.patch_size
+        pad_h, pad_w = -x.shape[-2] % ph, -x.shape[-1] % pw
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
+        return self.proj(x).permute(0, 2, 3, 1)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a key padding mask.
+
+    `attn_impl="auto"` picks torch's fused `scaled_dot_product_attention` except for
+    bfloat16 on CPU, where the explicit softmax(QK^T)V is faster (measured with
+    `python -m vitdense.bench backbone --precision bf16`; see README).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        attn_impl: AttnImpl = "auto",
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"embed_dim {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.attn_impl = attn_impl
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def _use_sdpa(self, q: torch.Tensor) -> bool:
+        if self.attn_impl == "auto":
+            return not (q.dtype == torch.bfloat16 and q.device.type == "cpu")
+        return self.attn_impl == "sdpa"
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [B, T, D]; attn_mask: [B, 1, 1, T] bool, True where a key may be attended.
+
+        Returns the output [B, T, D] and, if asked, the attention [B, heads, T, T].
+        """
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        drop = self.attn_drop if self.training else 0.0
+        attn = None
+        if self._use_sdpa(q) and not return_attention:
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            if attn_mask is not None:
+                attn = attn.masked_fill(~attn_mask, float("-inf"))
+            attn = attn.softmax(dim=-1)
+            x = F.dropout(attn, drop) @ v if drop else attn @ v
+        x = self.proj(x.transpose(1, 2).reshape(b, t, d))
+        return self.proj_drop(x), attn
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: z' = z + MSA(LN(z)); z = z' + MLP(LN(z')) (paper eq. 2-3).
+
+    With `init_values`, each residual branch is scaled by a learned per-channel LayerScale
+    (CaiT/DeiT-III); with `drop_path`, it is dropped per sample (stochastic depth).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float | None = None,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+        attn_impl: AttnImpl = "auto",
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop, attn_impl)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_attention: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: [B, T, D] -> ([B, T, D], attention [B, heads, T, T] or None)."""
+        y, attn = self.attn(self.norm1(x), attn_mask, return_attention)
+        x = x + self.drop_path1(self.ls1(y))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x, attn
+
+
+class VisionTransformer(nn.Module):
+    """ViT encoder producing `ViTFeatures` (class token, patch tokens, grid) at any input size.
+
+    Args:
+        img_size: native input size; fixes the grid the position table is stored at.
+        patch_size: P of the P x P patches (1 for hybrids, which patchify a CNN feature map).
+        in_chans: input channels.
+        embed_dim, depth, num_heads, mlp_ratio, qkv_bias: the encoder's shape (paper Table 1).
+        init_values: LayerScale initial value; None disables LayerScale.
+        class_token: prepend a learnable class token (False for global-average-pool models).
+        dist_token: prepend a DeiT distillation token after the class token.
+        reg_tokens: number of register tokens (Darcet et al.) after the class token.
+        no_embed_class: position embeddings cover only the patches (DeiT-III, big_vision);
+            otherwise the table has an entry per prefix token too (original ViT, DeiT).
+        drop_rate: dropout after adding position embeddings and after every dense layer
+            except the qkv projection (paper appendix B.1).
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth, increasing linearly from 0 to this over the blocks.
+        norm_eps: LayerNorm epsilon (timm and the JAX code use 1e-6).
+        attn_impl: "auto", "sdpa" (fused) or "math" (explicit softmax).
+        patch_embed: a replacement patch embedding, e.g. `HybridEmbed` (ResNet stem); it must
+            map [B, C, H, W] to [B, h, w, embed_dim] and offer `reduction` and `grid_for`.
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float | None = None,
+        class_token: bool = True,
+        dist_token: bool = False,
+        reg_tokens: int = 0,
+        no_embed_class: bool = False,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        norm_eps: float = 1e-6,
+        attn_impl: AttnImpl = "auto",
+        patch_embed: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.img_size: tuple[int, int] = to_2tuple(img_size)
+        self.embed_dim = self.num_features = embed_dim
+        self.depth = depth
+        self.num_heads = num_heads
+        self.no_embed_class = no_embed_class
+        self.patch_embed = patch_embed or PatchEmbed(patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        self.num_prefix_tokens = int(class_token) + int(dist_token) + reg_tokens
+        native_grid = self.patch_embed.grid_for(*self.img_size)
+        table_prefix = 0 if no_embed_class else self.num_prefix_tokens
+        self.pos_embed = nn.Parameter(torch.zeros(1, table_prefix + native_grid[0] * native_grid[1], embed_dim))
+        self.pos_embed_resampler = PosEmbed(native_grid, table_prefix)
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.ModuleList(
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, drop_rate, attn_drop_rate, dpr[i], norm_eps, attn_impl)
+            for i in range(depth)
+        )
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.grad_checkpointing = False
+        self.init_weights()
+
+    # ----------------------------------------------------------------------------- setup
+    def init_weights(self) -> None:
+        """timm's default ViT initialisation (truncated normal 0.02, zero biases)."""
+        trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.dist_token, self.reg_token):
+            if token is not None:
+                trunc_normal_(token, std=0.02)
+        for module in self.blocks.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    @property
+    def patch_size(self) -> tuple[int, int]:
+        """Input pixels per token (the hybrid's stride times its patch size)."""
+        return self.patch_embed.reduction
+
+    @property
+    def grid_size(self) -> GridSize:
+        """Native token grid, for `img_size`."""
+        return self.pos_embed_resampler.native_grid
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block (and the hybrid CNN's stages) in backward instead of storing
+        their activations."""
+        self.grad_checkpointing = enable
+        if hasattr(self.patch_embed, "set_grad_checkpointing"):
+            self.patch_embed.set_grad_checkpointing(enable)
+
+    def freeze(self, num_blocks: int | None = None) -> None:
+        """Stop gradients to the whole encoder (None) or to the embeddings and first k blocks."""
+        if num_blocks is None:
+            self.requires_grad_(False)
+            return
+        if not 0 <= num_blocks <= self.depth:
+            raise ValueError(f"freeze(num_blocks={num_blocks}): must be between 0 and depth={self.depth}")
+        for name, param in self.named_parameters():
+            if self.layer_id(name) <= num_blocks:
+                param.requires_grad_(False)
+
+    def layer_id(self, param_name: str) -> int:
+        """Depth of a parameter for layer-wise learning-rate decay.
+
+        0 for the embeddings and prefix tokens, i + 1 for `blocks.i`, depth + 1 for the
+        final norm; `num_layers` is depth + 2.
+        """
+        if param_name.startswith("blocks."):
+            return int(param_name.split(".")[1]) + 1
+        if param_name.startswith("norm."):
+            return self.depth + 1
+        return 0
+
+    @property
+    def num_layers(self) -> int:
+        return self.depth + 2
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the parameters trained without weight decay: position embeddings,
+        prefix tokens, every norm weight, every bias (all parameters with ndim <= 1)."""
+        tokens = {"pos_embed", "cls_token", "dist_token", "reg_token"}
+        return {n for n, p in self.named_parameters() if n in tokens or p.ndim <= 1}
+
+    # --------------------------------------------------------------------------- forward
+    def _token_grids(self, pad_mask: torch.Tensor | None, batch: int) -> list[GridSize] | None:
+        """Per-image token grids from a pixel padding mask [B, H, W] (True on padding).
+
+        Images are assumed top-left aligned, padded right and bottom (as collate does).
+        """
+        if pad_mask is None:
+            return None
+        if pad_mask.shape[0] != batch:
+            raise ValueError(f"pad_mask has batch {pad_mask.shape[0]}, images have {batch}")
+        valid = ~pad_mask
+        sizes = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], 1).tolist()
+        return [self.patch_embed.grid_for(h, w) for h, w in sizes]
+
+    def _pos_embed(self, x: torch.Tensor, grids: list[GridSize] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Add position embeddings and prepend prefix tokens.
+
+        x: [B, h, w, D] patch embeddings. Returns [B, P + h*w, D] and the token padding
+        mask [B, h*w] (None without padding). Each image gets the table resampled to its
+        own grid, zero on its padding.
+        """
+        b, h, w, d = x.shape
+        p = self.pos_embed_resampler.num_prefix_tokens
+        token_mask = None
+        if grids is None or all(g == (h, w) for g in grids):
+            table = self.pos_embed_resampler.resample(self.pos_embed, (h, w))
+            prefix_pos, patch_pos = table[:, :p], table[:, p:]
+        else:
+            rows = torch.arange(h, device=x.device)
+            cols = torch.arange(w, device=x.device)
+            limits = torch.tensor(grids, device=x.device)
+            token_mask = (rows[None, :, None] >= limits[:, 0, None, None]) | (cols[None, None, :] >= limits[:, 1, None, None])
+            tables = {}
+            for g in dict.fromkeys(grids):
+                table = self.pos_embed_resampler.resample(self.pos_embed, g)
+                prefix_pos = table[:, :p]
+                patch = table[:, p:].reshape(1, g[0], g[1], d)
+                tables[g] = F.pad(patch, (0, 0, 0, w - g[1], 0, h - g[0]))
+            patch_pos = torch.cat([tables[g] for g in grids]).reshape(b, h * w, d)
+            token_mask = token_mask.reshape(b, h * w)
+        x = x.reshape(b, h * w, d)
+        prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.no_embed_class:
+            x = torch.cat([*prefix, x + patch_pos], dim=1)
+        else:
+            pos = torch.cat([prefix_pos, patch_pos], 1) if p else patch_pos
+            x = torch.cat([*prefix, x], dim=1) + pos
+        return self.pos_drop(x), token_mask
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pad_mask: torch.Tensor | None = None,
+        intermediates: Sequence[int] = (),
+        attentions: Sequence[int] = (),
+    ) -> ViTFeatures:
+        """Encode a batch.
+
+        Args:
+            x: [B, C, H, W] images (any H, W).
+            pad_mask: [B, H, W] bool, True on padding pixels; images top-left aligned.
+            intermediates: block indices (negative from the end) whose raw outputs to return.
+            attentions: block indices whose attention maps to return (computed unfused).
+        """
+        grids = self._token_grids(pad_mask, x.shape[0])
+        tokens = self.patch_embed(x)
+        grid = (tokens.shape[1], tokens.shape[2])
+        x, token_mask = self._pos_embed(tokens, grids)
+        attn_mask = None
+        if token_mask is not None:
+            keep = F.pad(~token_mask, (self.num_prefix_tokens, 0), value=True)
+            attn_mask = keep[:, None, None, :]
+
+        want_out = {i % self.depth for i in intermediates}
+        want_attn = {i % self.depth for i in attentions}
+        outs, attns = {}, {}
+        for i, blk in enumerate(self.blocks):
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x, attn = checkpoint(blk, x, attn_mask, i in want_attn, use_reentrant=False)
+            else:
+                x, attn = blk(x, attn_mask, i in want_attn)
+            if i in want_out:
+                outs[i] = x
+            if attn is not None:
+                attns[i] = attn
+        x = self.norm(x)
+
+        p = self.num_prefix_tokens
+        prefix, patches = x[:, :p], x[:, p:]
+        if token_mask is not None:
+            patches = patches.masked_fill(token_mask[..., None], 0.0)
+        return ViTFeatures(
+            cls_token=prefix[:, 0] if self.cls_token is not None else None,
+            patch_tokens=patches,
+            grid_size=grid,
+            padding_mask=token_mask,
+            prefix_tokens=prefix,
+            intermediates=tuple(outs[i % self.depth] for i in intermediates),
+            attentions=tuple(attns[i % self.depth] for i in attentions),
+        )

@@ -1,0 +1,159 @@
+"""Benchmarks that print figures and the ratio against the peer they measure.
+
+    python -m vitdense.bench backbone --model vit_small_patch16_224 --img-size 224 --batch-size 8
+
+`backbone` times vitdense's encoder against timm's `forward_features` with the same
+weights, in one process, alternating the two every round so that drift of the machine
+(thermal, other load) hits both alike. It reports the median images/s of inference and of
+a training step (forward + backward), the memory of the training step, and
+vitdense / timm for each. Memory is the peak allocated on CUDA; on CPU, where torch keeps
+no allocator statistics, it is the size of the activations autograd saves for backward
+(the part of training memory that depends on the implementation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import timm
+import torch
+from torch import nn
+
+from vitdense.backbone import create_backbone
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    dtype = PRECISIONS[precision]
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def _saved_activation_bytes(step: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the tensors autograd saves for backward during `step()` (each storage once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = step()
+    loss.backward()
+    return sum(seen.values())
+
+
+def _time(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bench_backbone(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    img_size = (args.img_size, args.img_size)
+    timm_model = timm.create_model(args.model, pretrained=False, num_classes=0, img_size=img_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "weights.pth"
+        torch.save(timm_model.state_dict(), path)
+        ours = create_backbone(args.model, checkpoint=path, img_size=img_size)
+    models: dict[str, nn.Module] = {"vitdense": ours.to(device), "timm": timm_model.to(device)}
+    if args.grad_checkpointing:
+        for m in models.values():
+            m.set_grad_checkpointing(True)
+    prefix = timm_model.num_prefix_tokens
+    x = torch.randn(args.batch_size, 3, *img_size, device=device)
+
+    def loss_of(name: str) -> torch.Tensor:
+        # the same reduction over every output token for both models
+        if name == "vitdense":
+            f = models[name](x)
+            return f.patch_tokens.float().pow(2).mean() + f.prefix_tokens.float().pow(2).mean()
+        out = models[name].forward_features(x).float()
+        return out[:, prefix:].pow(2).mean() + out[:, :prefix].pow(2).mean()
+
+    def infer(name: str) -> None:
+        with torch.inference_mode(), _autocast(device, args.precision):
+            models[name].eval()
+            loss_of(name)
+
+    def train(name: str) -> None:
+        models[name].train()
+        with _autocast(device, args.precision):
+            loss = loss_of(name)
+        loss.backward()
+        models[name].zero_grad(set_to_none=True)
+
+    results: dict[str, dict[str, float]] = {name: {} for name in models}
+    for name in models:
+        for _ in range(args.warmup):
+            infer(name)
+            train(name)
+        models[name].train()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            train(name)
+            results[name]["train_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            with _autocast(device, args.precision):
+                saved = _saved_activation_bytes(lambda n=name: loss_of(n))
+            models[name].zero_grad(set_to_none=True)
+            results[name]["train_mem_mb"] = saved / 2**20
+    times: dict[tuple[str, str], list[float]] = {}
+    order = list(models)
+    for step in range(args.iters):
+        for name in order if step % 2 == 0 else order[::-1]:
+            times.setdefault((name, "infer"), []).append(_time(lambda n=name: infer(n), device))
+            times.setdefault((name, "train"), []).append(_time(lambda n=name: train(n), device))
+    for (name, kind), ts in times.items():
+        results[name][f"{kind}_img_s"] = args.batch_size / statistics.median(ts)
+    return results
+
+
+def print_backbone(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
+    mem_label = "train mem MB" if args.device.startswith("cuda") else "saved act. MB"
+    print(
+        f"{args.model} img {args.img_size} batch {args.batch_size} {args.precision}"
+        f"{' grad-ckpt' if args.grad_checkpointing else ''} on {args.device}"
+        f" ({torch.get_num_threads()} threads, torch {torch.__version__}, timm {timm.__version__}),"
+        f" median of {args.iters} alternating rounds"
+    )
+    cols = [("infer_img_s", "infer img/s"), ("train_img_s", "train img/s"), ("train_mem_mb", mem_label)]
+    print(f"{'':10}" + "".join(f"{label:>16}" for _, label in cols))
+    for name in ("vitdense", "timm"):
+        print(f"{name:10}" + "".join(f"{results[name][key]:16.2f}" for key, _ in cols))
+    ratios = [results["vitdense"][key] / results["timm"][key] for key, _ in cols]
+    print(f"{'ratio':10}" + "".join(f"{r:16.3f}" for r in ratios))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m vitdense.bench", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    bb = sub.add_parser("backbone", help="vitdense encoder vs timm forward_features, same weights")
+    bb.add_argument("--model", default="vit_small_patch16_224", help="timm model name")
+    bb.add_argument("--img-size", type=int, default=224)
+    bb.add_argument("--batch-size", type=int, default=8)
+    bb.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    bb.add_argument("--grad-checkpointing", action="store_true")
+    bb.add_argument("--iters", type=int, default=10, help="timed rounds per model")
+    bb.add_argument("--warmup", type=int, default=2)
+    bb.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.command == "backbone":
+        print_backbone(args, bench_backbone(args))
+
+
+if __name__ == "__main__":
+    main()
