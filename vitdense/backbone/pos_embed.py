@@ -60,7 +60,7 @@ class PosEmbed(nn.Module):
         if use_cache:
             if len(self._cache) >= self.max_cache:
                 self._cache.clear()
-            self._cache[key] = out.detach()
+            out = self._cache[key] = out.detach()
         return out
 
     def __getstate__(self) -> dict:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import timm
 import torch
-from timm.layers import LayerScale, Mlp, PatchEmbed as TimmPatchEmbed, StdConv2dSame
+from timm.layers import LayerScale, Mlp, StdConv2dSame
+from timm.layers import PatchEmbed as TimmPatchEmbed
 from timm.layers.hybrid_embed import HybridEmbed as TimmHybridEmbed
 from timm.models.resnetv2 import ResNetV2
 from timm.models.vision_transformer import Block as TimmBlock
@@ -70,7 +71,9 @@ def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
     if type(block) is not TimmBlock:
         unsupported.append(f"{type(block).__name__} blocks")
     else:
-        if not isinstance(block.attn.q_norm, nn.Identity) or not isinstance(getattr(block.attn, "norm", nn.Identity()), nn.Identity):
+        if not isinstance(block.attn.q_norm, nn.Identity) or not isinstance(
+            getattr(block.attn, "norm", nn.Identity()), nn.Identity
+        ):
             unsupported.append("normalised attention (qk_norm / scale_attn_norm)")
         if type(block.mlp) is not Mlp or not isinstance(block.mlp.norm, nn.Identity):
             unsupported.append(f"{type(block.mlp).__name__} MLP")

@@ -246,10 +246,22 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, table_prefix + native_grid[0] * native_grid[1], embed_dim))
         self.pos_embed_resampler = PosEmbed(native_grid, table_prefix)
         self.pos_drop = nn.Dropout(drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()
+        # stochastic depth rising linearly over depth (plain floats: works on the meta device)
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
-            Block(embed_dim, num_heads, mlp_ratio, qkv_bias, init_values, drop_rate, attn_drop_rate, dpr[i], norm_eps, attn_impl)
-            for i in range(depth)
+            Block(
+                embed_dim,
+                num_heads,
+                mlp_ratio,
+                qkv_bias,
+                init_values,
+                proj_drop=drop_rate,
+                attn_drop=attn_drop_rate,
+                drop_path=rate,
+                norm_eps=norm_eps,
+                attn_impl=attn_impl,
+            )
+            for rate in dpr
         )
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.grad_checkpointing = False
@@ -351,7 +363,9 @@ class VisionTransformer(nn.Module):
             rows = torch.arange(h, device=x.device)
             cols = torch.arange(w, device=x.device)
             limits = torch.tensor(grids, device=x.device)
-            token_mask = (rows[None, :, None] >= limits[:, 0, None, None]) | (cols[None, None, :] >= limits[:, 1, None, None])
+            beyond_rows = rows[None, :, None] >= limits[:, 0, None, None]
+            beyond_cols = cols[None, None, :] >= limits[:, 1, None, None]
+            token_mask = beyond_rows | beyond_cols  # [B, h, w]
             tables = {}
             for g in dict.fromkeys(grids):
                 table = self.pos_embed_resampler.resample(self.pos_embed, g)
@@ -365,7 +379,7 @@ class VisionTransformer(nn.Module):
         if self.no_embed_class:
             x = torch.cat([*prefix, x + patch_pos], dim=1)
         else:
-            pos = torch.cat([prefix_pos, patch_pos], 1) if p else patch_pos
+            pos = torch.cat([prefix_pos.expand(patch_pos.shape[0], -1, -1), patch_pos], 1) if p else patch_pos
             x = torch.cat([*prefix, x], dim=1) + pos
         return self.pos_drop(x), token_mask
 

@@ -1,0 +1,13 @@
+"""The benchmark command runs end to end and prints both models and their ratio (no timing asserted)."""
+
+from vitdense.bench import main
+
+
+def test_backbone_bench_prints_ratio(capsys):
+    main("backbone --model vit_tiny_patch16_224 --img-size 32 --batch-size 1 --iters 1 --warmup 0".split())
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+    assert set(lines) == {"vitdense", "timm", "ratio"}
+    assert all(float(v) > 0 for row in lines.values() for v in row)
+    # same weights, same computation: the activations saved for backward are the same size in fp32
+    assert lines["vitdense"][2] == lines["timm"][2]
