@@ -1,0 +1,42 @@
+"""Parameter groups and the warmup-cosine schedule."""
+
+import math
+
+import pytest
+import torch
+
+from vitdense.backbone import VisionTransformer
+from vitdense.heads import ClassificationHead
+from vitdense.optim import WarmupCosineLR, param_groups
+
+
+def test_param_groups_decay_and_layer_scales():
+    bb = VisionTransformer(img_size=32, embed_dim=32, depth=2, num_heads=2)
+    head = ClassificationHead(32, 5)
+    groups = param_groups(bb, head, backbone_lr_scale=0.5, layer_decay=0.1)
+    by_name = {n: g for g in groups for n in g["names"]}
+    assert len(by_name) == sum(1 for _ in bb.parameters()) + 2  # every parameter exactly once
+    assert by_name["head.fc.weight"]["lr_scale"] == 1.0 and "weight_decay" not in by_name["head.fc.weight"]
+    assert by_name["head.fc.bias"]["weight_decay"] == 0.0
+    # num_layers = 4: the final norm is layer 3 (scale 0.5 * 0.1**0), block 1 is layer 2, embeddings layer 0
+    assert by_name["backbone.norm.weight"]["lr_scale"] == pytest.approx(0.5)
+    assert by_name["backbone.blocks.1.attn.qkv.weight"]["lr_scale"] == pytest.approx(0.05)
+    assert by_name["backbone.pos_embed"]["lr_scale"] == pytest.approx(0.5e-3)
+    assert by_name["backbone.pos_embed"]["weight_decay"] == 0.0
+    assert "weight_decay" not in by_name["backbone.blocks.0.mlp.fc1.weight"]
+    bb.freeze()
+    assert {n for g in param_groups(bb, head) for n in g["names"]} == {"head.fc.weight", "head.fc.bias"}
+
+
+def test_warmup_then_cosine_per_step():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = WarmupCosineLR(opt, warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    lrs = []
+    for _ in range(14):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0)
+    assert lrs[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)  # decayed to the floor at total_steps

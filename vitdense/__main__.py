@@ -1,0 +1,3 @@
+from vitdense.cli import main
+
+main()
