@@ -265,6 +265,8 @@ class VisionTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.grad_checkpointing = False
+        #: timm's pretrained config (mean, std, input size, ...); `create_backbone` fills it in
+        self.pretrained_cfg: dict = {}
         self.init_weights()
 
     # ----------------------------------------------------------------------------- setup
