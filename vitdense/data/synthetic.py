@@ -87,7 +87,7 @@ class SyntheticShapes(Dataset):
         mask = draw_shape(SHAPES[label], self.img_size, rng)
         img[mask] = rng.uniform(0, 1, 3)
         img = (img.astype(np.float32) - self.mean) / self.std
-        return LabeledImages(torch.from_numpy(img).permute(2, 0, 1).contiguous(), label)
+        return LabeledImages(torch.from_numpy(img).permute(2, 0, 1).contiguous(), label, index)
 
 
 class SyntheticClassificationDataModule(L.LightningDataModule):

@@ -13,7 +13,10 @@ class LabeledImages(NamedTuple):
     Attributes:
         image: [3, H, W] normalised image, or [B, 3, H, W] once collated.
         label: class index (int), or [B] int64 once collated.
+        index: position of the sample in its dataset (-1 if unknown); lets a linear probe
+            cache features per sample.
     """
 
     image: torch.Tensor
     label: torch.Tensor | int
+    index: torch.Tensor | int = -1

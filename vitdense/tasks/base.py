@@ -9,7 +9,7 @@ shared train/val/test step and logging — lives here once.
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import lightning as L
@@ -24,20 +24,55 @@ from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, WarmupCosine
 Stage = Literal["train", "val", "test"]
 
 
+@dataclass(frozen=True)
+class BackboneConfig:
+    """How a task builds and trains its encoder (one YAML block, shared by every task).
+
+    Attributes:
+        name: timm model name, optionally with a pretrained tag
+            ("vit_base_patch16_224.augreg_in21k").
+        pretrained: load the tag's weights from timm's hub (online).
+        checkpoint: load the encoder from a local file instead (timm format or JAX .npz).
+        img_size: native input size; position embeddings are resampled to it on loading.
+        drop_path_rate: stochastic depth.
+        freeze: give the encoder no gradients (train the head only).
+        freeze_blocks: freeze the embeddings and the first k blocks.
+        grad_checkpointing: recompute activations in backward to save memory.
+        lr_scale: learning-rate multiplier of the whole encoder.
+        layer_decay: layer-wise learning-rate decay (1 = off).
+    """
+
+    name: str = "vit_tiny_patch16_224"
+    pretrained: bool = False
+    checkpoint: str | None = None
+    img_size: int | None = None
+    drop_path_rate: float = 0.0
+    freeze: bool = False
+    freeze_blocks: int = 0
+    grad_checkpointing: bool = False
+    lr_scale: float = 1.0
+    layer_decay: float = 1.0
+
+    def build(self) -> VisionTransformer:
+        backbone = create_backbone(
+            self.name, self.pretrained, self.checkpoint, self.img_size, drop_path_rate=self.drop_path_rate
+        )
+        backbone.set_grad_checkpointing(self.grad_checkpointing)
+        if self.freeze:
+            backbone.freeze()
+        elif self.freeze_blocks:
+            backbone.freeze(self.freeze_blocks)
+        return backbone
+
+
+DEFAULT_BACKBONE = BackboneConfig()
+
+
 class BaseTask(L.LightningModule):
     """Shared spine of every vitdense task.
 
     Args:
-        backbone: timm model name of the encoder ("vit_base_patch16_224.augreg_in21k").
-        pretrained: load the name's weights from timm's hub (online).
-        checkpoint: load the encoder from a local weight file instead (timm format or JAX npz).
-        img_size: native input size of the encoder; position embeddings are resampled to it.
-        drop_path_rate: stochastic depth of the encoder.
-        freeze_backbone: train the head only (the encoder gets no gradients).
-        freeze_blocks: freeze the embeddings and the first k blocks.
-        grad_checkpointing: recompute encoder activations in backward to save memory.
-        backbone_lr_scale: learning-rate multiplier of the whole encoder.
-        layer_decay: layer-wise learning-rate decay of the encoder (1 = off).
+        backbone: how to build and train the encoder (`BackboneConfig`).
         optimizer: callable making the optimizer from parameter groups (YAML: class_path).
         lr_scheduler: callable making the per-iteration schedule from the optimizer;
             `WarmupCosineLR` with total_steps None runs for the whole training.
@@ -49,16 +84,7 @@ class BaseTask(L.LightningModule):
 
     def __init__(
         self,
-        backbone: str = "vit_tiny_patch16_224",
-        pretrained: bool = False,
-        checkpoint: str | Path | None = None,
-        img_size: int | None = None,
-        drop_path_rate: float = 0.0,
-        freeze_backbone: bool = False,
-        freeze_blocks: int = 0,
-        grad_checkpointing: bool = False,
-        backbone_lr_scale: float = 1.0,
-        layer_decay: float = 1.0,
+        backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
     ) -> None:
@@ -67,15 +93,8 @@ class BaseTask(L.LightningModule):
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        self.backbone: VisionTransformer = create_backbone(
-            backbone, pretrained=pretrained, checkpoint=checkpoint, img_size=img_size, drop_path_rate=drop_path_rate
-        )
-        if grad_checkpointing:
-            self.backbone.set_grad_checkpointing()
-        if freeze_backbone:
-            self.backbone.freeze()
-        elif freeze_blocks:
-            self.backbone.freeze(freeze_blocks)
+        self.backbone_config = backbone
+        self.backbone: VisionTransformer = backbone.build()
         self.head = self.build_head()
         metrics = self.build_metrics()
         self.train_metrics = metrics.clone(prefix="train/")
@@ -102,14 +121,22 @@ class BaseTask(L.LightningModule):
     def forward(self, images: torch.Tensor, pad_mask: torch.Tensor | None = None) -> Any:
         return self.head(self.backbone(images, pad_mask=pad_mask))
 
+    def forward_batch(self, batch: Any) -> Any:
+        """Task output for a batch (override to use more of the batch than its images)."""
+        return self(*self.batch_images(batch))
+
+    def param_groups(self) -> list[dict]:
+        """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""
+        cfg = self.backbone_config
+        return param_groups(self.backbone, self.head, cfg.lr_scale, cfg.layer_decay)
+
     # ------------------------------------------------------------------------ the loop
     def _shared_step(self, batch: Any, stage: Stage) -> torch.Tensor:
-        images, pad_mask = self.batch_images(batch)
-        output = self(images, pad_mask)
+        output = self.forward_batch(batch)
         loss = self.compute_loss(output, batch)
         metrics: MetricCollection = getattr(self, f"{stage}_metrics")
         self.update_metrics(metrics, output, batch)
-        batch_size = images.shape[0]
+        batch_size = self.batch_images(batch)[0].shape[0]
         self.log(f"{stage}/loss", loss, prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=batch_size)
         # logging the collection object lets Lightning compute and reset it once per epoch
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=batch_size)
@@ -126,11 +153,9 @@ class BaseTask(L.LightningModule):
 
     # ------------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        groups = param_groups(self.backbone, self.head, hp.backbone_lr_scale, hp.layer_decay)
-        optimizer = self.optimizer(groups)
+        optimizer = self.optimizer(self.param_groups())
         for group in optimizer.param_groups:
-            group["lr"] *= group["lr_scale"]
+            group["lr"] *= group.get("lr_scale", 1.0)
         scheduler = self.lr_scheduler(optimizer)
         if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
             scheduler.total_steps = int(self.trainer.estimated_stepping_batches)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -15,7 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitdense.data.types import LabeledImages
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.tasks.base import BaseTask
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask
 
 
 class ClassificationTask(BaseTask):
@@ -39,16 +38,7 @@ class ClassificationTask(BaseTask):
         pool: Literal["token", "avg"] = "token",
         head_drop_rate: float = 0.0,
         label_smoothing: float = 0.0,
-        backbone: str = "vit_tiny_patch16_224",
-        pretrained: bool = False,
-        checkpoint: str | Path | None = None,
-        img_size: int | None = None,
-        drop_path_rate: float = 0.0,
-        freeze_backbone: bool = False,
-        freeze_blocks: int = 0,
-        grad_checkpointing: bool = False,
-        backbone_lr_scale: float = 1.0,
-        layer_decay: float = 1.0,
+        backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
     ) -> None:
@@ -56,10 +46,7 @@ class ClassificationTask(BaseTask):
         self.pool = pool
         self.head_drop_rate = head_drop_rate
         self.label_smoothing = label_smoothing
-        super().__init__(
-            backbone, pretrained, checkpoint, img_size, drop_path_rate, freeze_backbone, freeze_blocks,
-            grad_checkpointing, backbone_lr_scale, layer_decay, optimizer, lr_scheduler,
-        )  # fmt: skip
+        super().__init__(backbone, optimizer, lr_scheduler)
 
     def build_head(self) -> nn.Module:
         return ClassificationHead(self.backbone.embed_dim, self.num_classes, self.pool, self.head_drop_rate)
