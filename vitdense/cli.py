@@ -1,8 +1,11 @@
 """`python -m vitdense fit|validate|test|predict --config configs/….yaml` (LightningCLI).
 
 Model and data are chosen by `class_path` (subclass mode), so a user's own task or
-DataModule works from YAML. What belongs to the data (its number of classes) is linked from
-the DataModule to the task, never written twice.
+DataModule works from YAML. What belongs to the data is linked from the DataModule to the
+task and never written twice: the number of classes, the class names and the image size
+(the encoder's native size, to which its position embeddings are resampled). The other way,
+the encoder's name goes to the DataModule, which normalises images as the encoder was
+pretrained.
 """
 
 from __future__ import annotations
@@ -12,21 +15,49 @@ import sys
 import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
+from vitdense.backbone import CheckpointError
 from vitdense.tasks import BaseTask
+
+#: errors of the user's making (config, files, data) that deserve one line, not a traceback
+USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ValueError)
 
 
 class VitDenseCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
+        parser.link_arguments("data.init_args.img_size", "model.init_args.backbone.img_size", apply_on="parse")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.init_args.class_names", apply_on="instantiate")
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except USER_ERRORS as err:
+            _exit_with(err)
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The innermost exception: jsonargparse wraps instantiation errors in its own ValueError."""
+    while (inner := err.__cause__ or err.__context__) is not None and isinstance(inner, USER_ERRORS):
+        err = inner
+    return err
+
+
+def _exit_with(err: Exception) -> None:
+    print(f"vitdense: error: {_root_cause(err)}", file=sys.stderr)
+    raise SystemExit(2) from err
 
 
 def main(args: list[str] | None = None) -> VitDenseCLI:
     """Run the CLI; `args` as on the command line (tests pass a list)."""
-    return VitDenseCLI(
-        BaseTask,
-        L.LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        args=args if args is not None else sys.argv[1:],
-        save_config_kwargs={"overwrite": True},
-    )
+    try:
+        return VitDenseCLI(
+            BaseTask,
+            L.LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            save_config_kwargs={"overwrite": True},
+        )
+    except (FileNotFoundError, NotADirectoryError, CheckpointError) as err:  # e.g. data missing at setup
+        _exit_with(err)

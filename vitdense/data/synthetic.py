@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from vitdense.data.transforms import normalization
 from vitdense.data.types import LabeledImages
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")
@@ -40,10 +41,10 @@ def draw_shape(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def textured_background(size: int, rng: np.random.Generator) -> np.ndarray:
-    """[size, size, 3] float in [0, 1]: a random colour gradient plus noise."""
+    """[size, size, 3] float in [0, 1]: a dark random colour gradient plus noise."""
     yy, xx = np.mgrid[:size, :size].astype(np.float32) / size
-    base = rng.uniform(0, 1, 3)
-    slope = rng.uniform(-0.4, 0.4, (2, 3))
+    base = rng.uniform(0, 0.35, 3)
+    slope = rng.uniform(-0.15, 0.15, (2, 3))
     img = base + yy[..., None] * slope[0] + xx[..., None] * slope[1]
     return np.clip(img + rng.normal(0, 0.08, (size, size, 3)), 0, 1)
 
@@ -85,7 +86,8 @@ class SyntheticShapes(Dataset):
         label = index % self.num_classes
         img = textured_background(self.img_size, rng)
         mask = draw_shape(SHAPES[label], self.img_size, rng)
-        img[mask] = rng.uniform(0, 1, 3)
+        # bright shapes on dark backgrounds: the contrast's sign is fixed, the hues are not
+        img[mask] = rng.uniform(0.65, 1.0, 3)
         img = (img.astype(np.float32) - self.mean) / self.std
         return LabeledImages(torch.from_numpy(img).permute(2, 0, 1).contiguous(), label, index)
 
@@ -99,6 +101,8 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         train_size, val_size: samples per split (test uses val_size).
         batch_size, num_workers: loader settings.
         seed: base seed of the generator.
+        backbone: timm name of the encoder (linked by the CLI); images are normalised with
+            its pretrained mean and std.
     """
 
     def __init__(
@@ -110,16 +114,20 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         batch_size: int = 32,
         num_workers: int = 0,
         seed: int = 0,
+        backbone: str | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # the encoder name only picks mean and std (kept as attributes); the task logs it already
+        self.save_hyperparameters(ignore=["backbone"])
+        self.img_size = img_size
+        self.mean, self.std = normalization(backbone)
         self.num_classes = num_classes
         self.class_names = list(SHAPES[:num_classes])
 
     def _split(self, name: str, length: int) -> SyntheticShapes:
-        offset = {"train": 0, "val": 1, "test": 2}[name]
+        offset = {"train": 0, "val": 1, "test": 2, "predict": 1}[name]
         hp = self.hparams
-        return SyntheticShapes(length, hp.img_size, hp.num_classes, seed=hp.seed * 10 + offset)
+        return SyntheticShapes(length, hp.img_size, hp.num_classes, hp.seed * 10 + offset, self.mean, self.std)
 
     def _loader(self, name: str, length: int, shuffle: bool) -> DataLoader:
         hp = self.hparams
@@ -127,6 +135,7 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
             self._split(name, length),
             batch_size=hp.batch_size,
             shuffle=shuffle,
+            drop_last=shuffle,  # even, full training batches (Mixup pairs samples)
             num_workers=hp.num_workers,
             persistent_workers=hp.num_workers > 0,
         )
@@ -139,3 +148,6 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test", self.hparams.val_size, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("predict", self.hparams.val_size, shuffle=False)

@@ -13,6 +13,7 @@ from vitdense.data.types import LabeledImages
 from vitdense.heads import LinearProbeHead, probe_features
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
+from vitdense.tasks.classification import ClassPrediction, top_k_prediction
 
 
 class LinearProbeTask(BaseTask):
@@ -32,6 +33,7 @@ class LinearProbeTask(BaseTask):
         cache_features: keep each sample's features after its first pass and skip the
             backbone afterwards. Needs samples with an `index` and deterministic train
             transforms (an augmented first view would be frozen into the cache).
+        class_names: names of the K classes, for predictions (linked from the DataModule).
         backbone: built as configured, then frozen whatever `freeze` says.
     """
 
@@ -46,6 +48,7 @@ class LinearProbeTask(BaseTask):
         avgpool: bool = False,
         batch_norm: bool = True,
         cache_features: bool = False,
+        class_names: list[str] | None = None,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
@@ -58,10 +61,13 @@ class LinearProbeTask(BaseTask):
         self.avgpool = avgpool
         self.batch_norm = batch_norm
         self.cache_features = cache_features
+        self.class_names = class_names
         super().__init__(backbone, optimizer, lr_scheduler)
         self.backbone.freeze()
         self.backbone.eval()
         self._cache: dict[tuple[bool, int], torch.Tensor] = {}
+        # which head validated best; a buffer, so that it travels in checkpoints
+        self.register_buffer("best_head", torch.tensor(0), persistent=True)
 
     def build_head(self) -> nn.Module:
         in_features = (self.n_last_blocks + int(self.avgpool)) * self.backbone.embed_dim
@@ -116,12 +122,18 @@ class LinearProbeTask(BaseTask):
         accs = torch.stack([metrics[f"acc1_lr{i}"].compute() for i in range(len(self.lrs))])
         self.log(f"{stage}/acc1", accs.max(), prog_bar=True)
         self.log(f"{stage}/best_lr_index", accs.argmax().float())
+        if stage == "val" and not self.trainer.sanity_checking:
+            self.best_head.fill_(accs.argmax())
 
     def on_validation_epoch_end(self) -> None:
         self._log_best("val")
 
     def on_test_epoch_end(self) -> None:
         self._log_best("test")
+
+    def predict_step(self, batch: LabeledImages, batch_idx: int) -> ClassPrediction:
+        """Top-k of the head that validated best (the first before any validation)."""
+        return top_k_prediction(self(*self.batch_images(batch))[int(self.best_head)], batch.index)
 
     def param_groups(self) -> list[dict]:
         return [

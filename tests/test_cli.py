@@ -1,0 +1,55 @@
+"""The command line: clear one-line errors, links from data to model, predictions to a file."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from vitdense.cli import main
+
+DEMO = str(Path(__file__).parents[1] / "configs" / "demo_cls.yaml")
+
+
+def run_error(args, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_wrong_key_is_one_clear_error(capsys):
+    err = run_error(["fit", "--config", DEMO, "--model.init_args.pol=avg"], capsys)
+    assert "pol" in err and "Traceback" not in err
+
+
+def test_missing_checkpoint_is_one_line(capsys, tmp_path):
+    err = run_error(["fit", "--config", DEMO, f"--model.init_args.backbone.checkpoint={tmp_path}/w.pth"], capsys)
+    assert err.strip().splitlines()[-1] == f"vitdense: error: checkpoint {tmp_path}/w.pth does not exist"
+
+
+def test_unknown_class_is_one_clear_error(capsys):
+    err = run_error(["fit", "--config", DEMO, "--model=vitdense.tasks.NoSuchTask"], capsys)
+    assert "NoSuchTask" in err and "Traceback" not in err
+
+
+def test_predict_writes_top_k_with_class_names(tmp_path):
+    out = tmp_path / "pred.csv"
+    cli = main(
+        [
+            "predict",
+            "--config",
+            DEMO,
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.limit_predict_batches=2",
+            "--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter",
+            f"--trainer.callbacks.output_file={out}",
+            "--data.init_args.batch_size=4",
+        ]
+    )
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 8
+    assert [int(r["index"]) for r in rows] == list(range(8))
+    names = cli.datamodule.class_names
+    assert {r["class_1"] for r in rows} <= set(names)
+    probs = [float(rows[0][f"prob_{i}"]) for i in range(1, 5)]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-5

@@ -1,0 +1,242 @@
+"""Image classification from folders in the ImageNet layout: `root/<split>/<class>/<image>`.
+
+The class list is the sorted sub-folder names of the train split; every other split is
+labelled with that list, so label `i` means the same class in every split even when a
+split lacks some classes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from vitdense.data.transforms import (
+    classification_eval_transforms,
+    classification_train_transforms,
+    decode_image,
+    normalization,
+    seed_worker_transforms,
+)
+from vitdense.data.types import LabeledImages
+
+_logger = logging.getLogger(__name__)
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+LAYOUT = "<root>/<class>/<image>, e.g. train/n01440764/n01440764_10026.JPEG"
+
+
+def find_classes(root: str | Path) -> list[str]:
+    """Sorted names of the class sub-folders of `root` (hidden folders such as .ipynb_checkpoints excluded).
+
+    Raises:
+        FileNotFoundError: `root` is not a directory.
+        ValueError: `root` holds no class folders.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such directory; expected the ImageNet layout {LAYOUT}")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise ValueError(f"{root}: no class folders in it; expected the ImageNet layout {LAYOUT}")
+    return classes
+
+
+class ImageFolderDataset(Dataset):
+    """Labelled images from `root/<class>/<image>`, found recursively within each class folder.
+
+    Args:
+        root: folder of one split, holding one sub-folder per class.
+        transform: albumentations-style callable, `transform(image=[H, W, 3] uint8)["image"]`
+            -> [3, H', W'] float tensor.
+        extensions: image file suffixes, compared case-insensitively (".JPEG" is ".jpeg").
+        class_names: the label order; defaults to the sorted sub-folder names. Pass the train
+            split's list to label another split consistently.
+
+    Raises:
+        FileNotFoundError: `root` is missing.
+        ValueError: `root` is empty, a class folder holds no images, or a folder is not in
+            `class_names`.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        transform: Callable[..., dict[str, Any]],
+        extensions: Sequence[str] = IMG_EXTENSIONS,
+        class_names: list[str] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.transform = transform
+        folders = find_classes(self.root)
+        self.class_names = list(class_names) if class_names is not None else folders
+        if len(set(self.class_names)) != len(self.class_names):
+            raise ValueError(f"class_names for {self.root} has duplicates: {self.class_names}")
+        class_to_idx = {name: i for i, name in enumerate(self.class_names)}
+        unknown = [name for name in folders if name not in class_to_idx]
+        if unknown:
+            raise ValueError(
+                f"{self.root}: class folders {unknown} are not among the {len(self.class_names)} classes of the "
+                "train split; remove them, or add them to the train split"
+            )
+        absent = len(self.class_names) - len(folders)
+        if absent:
+            _logger.info("%s: %d of %d classes have no folder here", self.root, absent, len(self.class_names))
+
+        suffixes = {ext.lower() for ext in extensions}
+        self.samples: list[tuple[str, int]] = []
+        skipped = 0
+        for name in folders:
+            files = sorted(p for p in (self.root / name).rglob("*") if p.is_file())
+            images = [p for p in files if p.suffix.lower() in suffixes and not p.name.startswith(".")]
+            if not images:
+                raise ValueError(
+                    f"{self.root / name}: class folder without images (looked for {', '.join(sorted(suffixes))}); "
+                    "add images or remove the folder"
+                )
+            skipped += len(files) - len(images)
+            self.samples += [(str(p), class_to_idx[name]) for p in images]
+        if skipped:
+            _logger.warning("%s: skipped %d files that are not images (%s)", self.root, skipped, ", ".join(suffixes))
+
+    @property
+    def targets(self) -> list[int]:
+        """Label of every sample, in order."""
+        return [label for _, label in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> LabeledImages:
+        path, label = self.samples[index]
+        image = self.transform(image=decode_image(path))["image"]
+        return LabeledImages(image, label, index)
+
+
+def classification_dataloader(dataset: Dataset, batch_size: int, num_workers: int, train: bool) -> DataLoader:
+    """Loader of LabeledImages batches; training shuffles and drops the last partial batch.
+
+    Dropping it keeps every training step at full batch size (batch norm in hybrid stems,
+    stable loss scale); evaluation keeps every sample.
+    """
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        drop_last=train,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        worker_init_fn=seed_worker_transforms,
+    )
+
+
+def check_train_size(dataset: Dataset, batch_size: int, where: str | Path) -> None:
+    """Fail early when drop_last would leave the training split with no batch at all."""
+    if len(dataset) < batch_size:
+        raise ValueError(
+            f"{where}: {len(dataset)} training images but batch_size={batch_size}, so no full batch; "
+            "lower batch_size or add images"
+        )
+
+
+class ImageFolderDataModule(L.LightningDataModule):
+    """ImageNet-style folders: `root/<train_split>/<class>/<image>`, `root/<val_split>/...`.
+
+    `num_classes`, `class_names` and `img_size` are set on construction (a listing of the
+    train split's folders, no image is read), so the CLI can link them into the model.
+
+    Args:
+        root: dataset folder holding one folder per split.
+        img_size: side of the square images fed to the model.
+        batch_size, num_workers: loader settings.
+        backbone: timm model name whose pretrained normalisation to use (see `normalization`).
+        mean, std: explicit normalisation; each wins over the backbone's.
+        train_split, val_split, test_split: split folder names under `root`; no test split
+            by default.
+        scale: area range of the training random resized crop.
+        color_jitter: training colour jitter strength (0 disables it).
+        crop_pct: evaluation centre-crop fraction (images are resized to img_size / crop_pct).
+        predict_split: split folder to predict on; defaults to `val_split`.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        img_size: int = 224,
+        batch_size: int = 64,
+        num_workers: int = 4,
+        backbone: str | None = None,
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+        train_split: str = "train",
+        val_split: str = "val",
+        test_split: str | None = None,
+        scale: tuple[float, float] = (0.08, 1.0),
+        color_jitter: float = 0.4,
+        crop_pct: float = 0.875,
+        predict_split: str | None = None,
+    ) -> None:
+        super().__init__()
+        # the encoder name only picks mean and std (kept as attributes); the task logs it already
+        self.save_hyperparameters(ignore=["backbone"])
+        self.root = Path(root)
+        self.img_size = img_size
+        self.class_names = find_classes(self.root / train_split)
+        self.num_classes = len(self.class_names)
+        default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
+        self.mean = tuple(mean) if mean is not None else default_mean
+        self.std = tuple(std) if std is not None else default_std
+        self.train_dataset: ImageFolderDataset | None = None
+        self.val_dataset: ImageFolderDataset | None = None
+        self.test_dataset: ImageFolderDataset | None = None
+        self.predict_dataset: ImageFolderDataset | None = None
+
+    def train_transforms(self) -> Callable[..., dict[str, Any]]:
+        hp = self.hparams
+        transform = classification_train_transforms(
+            hp.img_size, self.mean, self.std, scale=hp.scale, color_jitter=hp.color_jitter
+        )
+        # albumentations ignores torch's seed; tie it to it so seed_everything reproduces the crops
+        transform.set_random_seed(torch.initial_seed() % 2**32)
+        return transform
+
+    def eval_transforms(self) -> Callable[..., dict[str, Any]]:
+        return classification_eval_transforms(
+            self.hparams.img_size, self.mean, self.std, crop_pct=self.hparams.crop_pct
+        )
+
+    def _eval_split(self, split: str) -> ImageFolderDataset:
+        return ImageFolderDataset(self.root / split, self.eval_transforms(), class_names=self.class_names)
+
+    def setup(self, stage: str) -> None:
+        hp = self.hparams
+        if stage == "fit":
+            self.train_dataset = ImageFolderDataset(
+                self.root / hp.train_split, self.train_transforms(), class_names=self.class_names
+            )
+            check_train_size(self.train_dataset, hp.batch_size, self.root / hp.train_split)
+        if stage in ("fit", "validate"):
+            self.val_dataset = self._eval_split(hp.val_split)
+        if stage == "test":
+            if hp.test_split is None:
+                raise ValueError(f"{self.root}: no test split configured; set data.test_split to its folder name")
+            self.test_dataset = self._eval_split(hp.test_split)
+        if stage == "predict":
+            self.predict_dataset = self._eval_split(hp.predict_split or hp.val_split)
+
+    def train_dataloader(self) -> DataLoader:
+        return classification_dataloader(self.train_dataset, self.hparams.batch_size, self.hparams.num_workers, True)
+
+    def val_dataloader(self) -> DataLoader:
+        return classification_dataloader(self.val_dataset, self.hparams.batch_size, self.hparams.num_workers, False)
+
+    def test_dataloader(self) -> DataLoader:
+        return classification_dataloader(self.test_dataset, self.hparams.batch_size, self.hparams.num_workers, False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return classification_dataloader(self.predict_dataset, self.hparams.batch_size, self.hparams.num_workers, False)

@@ -1,0 +1,126 @@
+"""Albumentations pipelines for classification, the normalisation a backbone expects, image decoding.
+
+The pipelines follow timm's ImageNet recipe (`timm.data.transforms_factory`): a random
+resized crop with bicubic interpolation, a horizontal flip and colour jitter for training;
+resize the shorter side to `img_size / crop_pct` and centre-crop for evaluation. They take
+a [H, W, 3] uint8 RGB array (`decode_image`) and return a [3, img_size, img_size] float32
+tensor normalised per channel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import albumentations as A
+import cv2
+import numpy as np
+import timm
+import torch
+from albumentations.pytorch import ToTensorV2
+from PIL import Image, UnidentifiedImageError
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+Triple = tuple[float, float, float]
+
+
+def classification_train_transforms(
+    img_size: int,
+    mean: Triple,
+    std: Triple,
+    scale: tuple[float, float] = (0.08, 1.0),
+    hflip: float = 0.5,
+    color_jitter: float = 0.4,
+) -> A.Compose:
+    """Training augmentation: [H, W, 3] uint8 -> [3, img_size, img_size] float32, normalised.
+
+    Args:
+        img_size: side of the square output.
+        mean, std: per-channel normalisation of pixel values scaled to [0, 1].
+        scale: range of the crop's area as a fraction of the image's (Inception crop).
+        hflip: probability of a horizontal flip.
+        color_jitter: strength of brightness, contrast and saturation jitter; 0 turns it off.
+    """
+    transforms: list[A.BasicTransform] = [
+        A.RandomResizedCrop(size=(img_size, img_size), scale=scale, interpolation=cv2.INTER_CUBIC),
+        A.HorizontalFlip(p=hflip),
+    ]
+    if color_jitter > 0:
+        # timm jitters every image and leaves the hue alone; albumentations' defaults differ on both
+        transforms.append(
+            A.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter, hue=0.0, p=1.0)
+        )
+    transforms += [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
+    return A.Compose(transforms)
+
+
+def classification_eval_transforms(img_size: int, mean: Triple, std: Triple, crop_pct: float = 0.875) -> A.Compose:
+    """Evaluation preprocessing: [H, W, 3] uint8 -> [3, img_size, img_size] float32, normalised.
+
+    The shorter side is resized to `int(img_size / crop_pct)` and the centre `img_size`
+    square is kept; `crop_pct=1` resizes a square image straight to `img_size`.
+    """
+    if not 0 < crop_pct <= 1:
+        raise ValueError(f"crop_pct={crop_pct}: the centre crop is a fraction of the resized image, in (0, 1]")
+    return A.Compose(
+        [
+            A.SmallestMaxSize(max_size=int(img_size / crop_pct), interpolation=cv2.INTER_CUBIC),
+            A.CenterCrop(height=img_size, width=img_size),
+            A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
+            ToTensorV2(),
+        ]
+    )
+
+
+def normalization(backbone: str | None) -> tuple[Triple, Triple]:
+    """(mean, std) that the pretrained weights of a timm model name were trained with.
+
+    Args:
+        backbone: timm model name, optionally with a pretrained tag
+            ("vit_base_patch16_224.augreg_in21k"); without a tag timm's default tag is used.
+            None gives ImageNet's mean and std.
+
+    Raises:
+        ValueError: timm knows no pretrained weights under that name.
+    """
+    if backbone is None:
+        return tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
+    try:
+        # a registry lookup: no model is built and nothing is downloaded
+        cfg = timm.models.get_pretrained_cfg(backbone, allow_unregistered=False)
+    except RuntimeError as err:
+        raise ValueError(
+            f"backbone {backbone!r}: timm has no pretrained config for it ({err}); "
+            "use a name from timm.list_pretrained('vit_*'), or pass mean and std explicitly"
+        ) from err
+    return tuple(cfg.mean), tuple(cfg.std)
+
+
+def decode_image(path: str | Path) -> np.ndarray:
+    """Read an image file as a [H, W, 3] uint8 RGB array (grayscale, CMYK, RGBA, palette converted).
+
+    Raises:
+        ValueError: the file is corrupt, truncated or not an image; it is named so it can be
+            replaced or deleted rather than silently skipped.
+    """
+    try:
+        with Image.open(path) as img:
+            # open() only reads the header; convert() decodes, so truncation surfaces here
+            return np.asarray(img.convert("RGB"))
+    except FileNotFoundError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise ValueError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
+
+
+def seed_worker_transforms(worker_id: int) -> None:
+    """DataLoader `worker_init_fn` that gives each worker its own albumentations random state.
+
+    An albumentations `Compose` draws from its own generator, which every worker inherits
+    unchanged from the main process: without this, all workers apply the same sequence of
+    crops and flips. torch's per-worker seed differs between workers and follows
+    `seed_everything`, so it seeds the dataset's `transform`.
+    """
+    info = torch.utils.data.get_worker_info()
+    transform = getattr(info.dataset, "transform", None) if info is not None else None
+    if isinstance(transform, A.BaseCompose):
+        transform.set_random_seed(torch.initial_seed() % 2**32)
