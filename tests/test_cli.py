@@ -53,3 +53,12 @@ def test_predict_writes_top_k_with_class_names(tmp_path):
     assert {r["class_1"] for r in rows} <= set(names)
     probs = [float(rows[0][f"prob_{i}"]) for i in range(1, 5)]
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-5
+
+
+def test_print_config_shows_the_linked_recipe(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", DEMO, "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "class_path: vitdense.tasks.ClassificationTask" in printed
+    assert "name: vit_tiny_patch16_224" in printed and "lr: 0.0005" in printed

@@ -2,13 +2,15 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
 from vitdense.backbone import VisionTransformer
 from vitdense.cli import main
+from vitdense.data import LabeledImages
 from vitdense.heads import ClassificationHead
-from vitdense.tasks import ClassificationTask
+from vitdense.tasks import BackboneConfig, ClassificationTask
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -41,3 +43,47 @@ def test_demo_config_fits_through_the_cli(tmp_path):
     sched = cli.trainer.lr_scheduler_configs[0]
     assert sched.interval == "step" and sched.scheduler.total_steps == 2
     assert type(cli.trainer.optimizers[0]).__name__ == "AdamW"
+
+
+def test_mixup_trains_on_soft_targets_like_timm():
+    from timm.loss import SoftTargetCrossEntropy
+
+    task = ClassificationTask(
+        num_classes=4, mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, backbone=BackboneConfig(img_size=32)
+    ).train()
+    torch.nn.init.normal_(task.head.fc.weight, std=0.1)
+    batch = LabeledImages(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]), torch.arange(4))
+    torch.manual_seed(1)
+    out = task.forward_batch(batch)
+    assert out.soft_targets.shape == (4, 4)
+    torch.testing.assert_close(out.soft_targets.sum(-1), torch.ones(4))
+    assert (out.soft_targets.max(-1).values < 1).all()  # smoothed and/or mixed, never one-hot
+    torch.testing.assert_close(task.compute_loss(out, batch), SoftTargetCrossEntropy()(out.logits, out.soft_targets))
+    task.eval()
+    assert task.forward_batch(batch).soft_targets is None  # evaluation sees plain labels
+    with pytest.raises(ValueError, match="even batch size"):
+        task.train().forward_batch(LabeledImages(torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2]), torch.arange(3)))
+
+
+def test_checkpoint_reloads_with_load_from_checkpoint(tmp_path):
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "demo_cls.yaml"),
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.max_steps=2",
+            "--trainer.limit_val_batches=1",
+            "--trainer.enable_progress_bar=false",
+            "--data.init_args.img_size=32",
+            "--data.init_args.batch_size=4",
+        ]
+    )
+    path = tmp_path / "model.ckpt"
+    cli.trainer.save_checkpoint(path)
+    reloaded = ClassificationTask.load_from_checkpoint(path).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(x), cli.model.eval()(x))
+    assert reloaded.class_names == cli.datamodule.class_names
+    assert reloaded.backbone_config == cli.model.backbone_config
