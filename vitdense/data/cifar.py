@@ -11,14 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from vitdense.data.imagefolder import check_train_size, classification_dataloader
-from vitdense.data.transforms import classification_eval_transforms, classification_train_transforms, normalization
+from vitdense.data.base import ClassificationDataModule, check_train_size
 from vitdense.data.types import LabeledImages
 
 _logger = logging.getLogger(__name__)
@@ -77,7 +74,7 @@ class CIFARImages(Dataset):
         return LabeledImages(image, int(self.labels[i]), index)
 
 
-class CIFARDataModule(L.LightningDataModule):
+class CIFARDataModule(ClassificationDataModule):
     """CIFAR-10 or CIFAR-100 under `root` (torchvision's layout: `root/cifar-100-python/...`).
 
     The test split is the official test set. Validation uses it too unless `val_fraction`
@@ -115,7 +112,7 @@ class CIFARDataModule(L.LightningDataModule):
         scale: tuple[float, float] = (0.08, 1.0),
         color_jitter: float = 0.0,
     ) -> None:
-        super().__init__()
+        super().__init__(img_size, batch_size, num_workers, backbone, mean, std)
         if variant not in _VARIANTS:
             raise ValueError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
         if not 0 <= val_fraction < 1:
@@ -123,16 +120,9 @@ class CIFARDataModule(L.LightningDataModule):
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
-        self.img_size = img_size
         self.dataset_class, names = _VARIANTS[variant]
         self.class_names = list(names)
         self.num_classes = len(names)
-        default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
-        self.mean = tuple(mean) if mean is not None else default_mean
-        self.std = tuple(std) if std is not None else default_std
-        self.train_dataset: CIFARImages | None = None
-        self.val_dataset: CIFARImages | None = None
-        self.test_dataset: CIFARImages | None = None
 
     def _missing(self, reason: str) -> FileNotFoundError:
         cls = self.dataset_class
@@ -166,7 +156,7 @@ class CIFARDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
-        eval_transform = classification_eval_transforms(hp.img_size, self.mean, self.std, crop_pct=1.0)
+        eval_transform = self.eval_transforms(crop_pct=1.0)  # CIFAR is resized whole
         if stage in ("fit", "validate"):
             if hp.val_fraction > 0:
                 images, labels = self._load(train=True)
@@ -177,11 +167,7 @@ class CIFARDataModule(L.LightningDataModule):
             else:
                 self.val_dataset = CIFARImages(*self._load(train=False), eval_transform)
             if stage == "fit":
-                train_transform = classification_train_transforms(
-                    hp.img_size, self.mean, self.std, scale=hp.scale, color_jitter=hp.color_jitter
-                )
-                # albumentations ignores torch's seed; tie it to it so seed_everything reproduces the crops
-                train_transform.set_random_seed(torch.initial_seed() % 2**32)
+                train_transform = self.train_transforms(hp.scale, hp.color_jitter)
                 if hp.val_fraction > 0:
                     self.train_dataset = CIFARImages(images, labels, train_transform, train_idx)
                 else:
@@ -194,17 +180,5 @@ class CIFARDataModule(L.LightningDataModule):
                 f"{hp.val_fraction:.0%} of train, seed {hp.seed}" if hp.val_fraction > 0 else "the test set",
             )
         if stage in ("test", "predict"):
-            self.test_dataset = CIFARImages(*self._load(train=False), eval_transform)
-
-    def train_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.train_dataset, self.hparams.batch_size, self.hparams.num_workers, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.val_dataset, self.hparams.batch_size, self.hparams.num_workers, False)
-
-    def test_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.test_dataset, self.hparams.batch_size, self.hparams.num_workers, False)
-
-    def predict_dataloader(self) -> DataLoader:
-        """The official test set, in order."""
-        return self.test_dataloader()
+            # predictions are made on the official test set, in order
+            self.test_dataset = self.predict_dataset = CIFARImages(*self._load(train=False), eval_transform)

@@ -12,16 +12,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from vitdense.data.base import ClassificationDataModule, check_train_size
 from vitdense.data.transforms import (
-    classification_eval_transforms,
-    classification_train_transforms,
     decode_image,
-    normalization,
-    seed_worker_transforms,
 )
 from vitdense.data.types import LabeledImages
 
@@ -118,33 +113,7 @@ class ImageFolderDataset(Dataset):
         return LabeledImages(image, label, index)
 
 
-def classification_dataloader(dataset: Dataset, batch_size: int, num_workers: int, train: bool) -> DataLoader:
-    """Loader of LabeledImages batches; training shuffles and drops the last partial batch.
-
-    Dropping it keeps every training step at full batch size (batch norm in hybrid stems,
-    stable loss scale); evaluation keeps every sample.
-    """
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=train,
-        drop_last=train,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        worker_init_fn=seed_worker_transforms,
-    )
-
-
-def check_train_size(dataset: Dataset, batch_size: int, where: str | Path) -> None:
-    """Fail early when drop_last would leave the training split with no batch at all."""
-    if len(dataset) < batch_size:
-        raise ValueError(
-            f"{where}: {len(dataset)} training images but batch_size={batch_size}, so no full batch; "
-            "lower batch_size or add images"
-        )
-
-
-class ImageFolderDataModule(L.LightningDataModule):
+class ImageFolderDataModule(ClassificationDataModule):
     """ImageNet-style folders: `root/<train_split>/<class>/<image>`, `root/<val_split>/...`.
 
     `num_classes`, `class_names` and `img_size` are set on construction (a listing of the
@@ -181,43 +150,24 @@ class ImageFolderDataModule(L.LightningDataModule):
         crop_pct: float = 0.875,
         predict_split: str | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(img_size, batch_size, num_workers, backbone, mean, std)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
-        self.img_size = img_size
         self.class_names = find_classes(self.root / train_split)
         self.num_classes = len(self.class_names)
-        default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
-        self.mean = tuple(mean) if mean is not None else default_mean
-        self.std = tuple(std) if std is not None else default_std
-        self.train_dataset: ImageFolderDataset | None = None
-        self.val_dataset: ImageFolderDataset | None = None
-        self.test_dataset: ImageFolderDataset | None = None
-        self.predict_dataset: ImageFolderDataset | None = None
-
-    def train_transforms(self) -> Callable[..., dict[str, Any]]:
-        hp = self.hparams
-        transform = classification_train_transforms(
-            hp.img_size, self.mean, self.std, scale=hp.scale, color_jitter=hp.color_jitter
-        )
-        # albumentations ignores torch's seed; tie it to it so seed_everything reproduces the crops
-        transform.set_random_seed(torch.initial_seed() % 2**32)
-        return transform
-
-    def eval_transforms(self) -> Callable[..., dict[str, Any]]:
-        return classification_eval_transforms(
-            self.hparams.img_size, self.mean, self.std, crop_pct=self.hparams.crop_pct
-        )
 
     def _eval_split(self, split: str) -> ImageFolderDataset:
-        return ImageFolderDataset(self.root / split, self.eval_transforms(), class_names=self.class_names)
+        return ImageFolderDataset(
+            self.root / split, self.eval_transforms(self.hparams.crop_pct), class_names=self.class_names
+        )
 
     def setup(self, stage: str) -> None:
         hp = self.hparams
         if stage == "fit":
+            train_transform = self.train_transforms(hp.scale, hp.color_jitter)
             self.train_dataset = ImageFolderDataset(
-                self.root / hp.train_split, self.train_transforms(), class_names=self.class_names
+                self.root / hp.train_split, train_transform, class_names=self.class_names
             )
             check_train_size(self.train_dataset, hp.batch_size, self.root / hp.train_split)
         if stage in ("fit", "validate"):
@@ -228,15 +178,3 @@ class ImageFolderDataModule(L.LightningDataModule):
             self.test_dataset = self._eval_split(hp.test_split)
         if stage == "predict":
             self.predict_dataset = self._eval_split(hp.predict_split or hp.val_split)
-
-    def train_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.train_dataset, self.hparams.batch_size, self.hparams.num_workers, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.val_dataset, self.hparams.batch_size, self.hparams.num_workers, False)
-
-    def test_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.test_dataset, self.hparams.batch_size, self.hparams.num_workers, False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return classification_dataloader(self.predict_dataset, self.hparams.batch_size, self.hparams.num_workers, False)

@@ -137,7 +137,17 @@ class BaseTask(L.LightningModule):
         metrics: MetricCollection = getattr(self, f"{stage}_metrics")
         self.update_metrics(metrics, output, batch)
         batch_size = self.batch_images(batch)[0].shape[0]
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=stage == "train", on_epoch=True, batch_size=batch_size)
+        train = stage == "train"
+        # epoch-level evaluation losses are averaged over processes; training logs stay per rank (no sync per step)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            prog_bar=True,
+            on_step=train,
+            on_epoch=True,
+            batch_size=batch_size,
+            sync_dist=not train,
+        )
         # logging the collection object lets Lightning compute and reset it once per epoch
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=batch_size)
         return loss
@@ -159,4 +169,6 @@ class BaseTask(L.LightningModule):
         scheduler = self.lr_scheduler(optimizer)
         if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
             scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        # "monitor" only matters to schedules that watch a metric (ReduceLROnPlateau)
+        schedule = {"scheduler": scheduler, "interval": "step", "monitor": self.monitor}
+        return {"optimizer": optimizer, "lr_scheduler": schedule}
