@@ -62,3 +62,12 @@ def test_print_config_shows_the_linked_recipe(capsys):
     printed = capsys.readouterr().out
     assert "class_path: vitdense.tasks.ClassificationTask" in printed
     assert "name: vit_tiny_patch16_224" in printed and "lr: 0.0005" in printed
+
+
+def test_misspelt_backbone_suggests_names(capsys):
+    err = run_error(["fit", "--config", DEMO, "--model.init_args.backbone.name=vit_tiny_patch16_22"], capsys)
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith("vitdense: error: unknown model name 'vit_tiny_patch16_22'. Did you mean vit_tiny_patch16_224")
+    )

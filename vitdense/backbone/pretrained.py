@@ -38,14 +38,19 @@ class CheckpointError(ValueError):
     """A weight file that does not fit the architecture, with the keys that do not fit."""
 
 
-def _timm_reference(model_name: str, img_size: int | tuple[int, int] | None, device: str = "meta") -> nn.Module:
-    """timm's model for `model_name` without a head, on `device` ("meta": shapes only)."""
+def check_model_name(model_name: str) -> None:
+    """Raise ValueError, with the closest ViT names, when timm has no such architecture."""
     arch, _ = timm.models.split_model_name_tag(model_name)
     if arch not in timm.list_models():
         candidates = timm.list_models("*vit*") + timm.list_models("deit*")
         close = difflib.get_close_matches(arch, candidates, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else " See timm.list_models('vit_*')."
         raise ValueError(f"unknown model name {model_name!r}.{hint}")
+
+
+def _timm_reference(model_name: str, img_size: int | tuple[int, int] | None, device: str = "meta") -> nn.Module:
+    """timm's model for `model_name` without a head, on `device` ("meta": shapes only)."""
+    check_model_name(model_name)
     kwargs = {"img_size": img_size} if img_size is not None else {}
     with torch.device(device):
         return timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)

@@ -20,6 +20,8 @@ from albumentations.pytorch import ToTensorV2
 from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
+from vitdense.backbone.pretrained import check_model_name
+
 Triple = tuple[float, float, float]
 
 
@@ -84,6 +86,7 @@ def normalization(backbone: str | None) -> tuple[Triple, Triple]:
     """
     if backbone is None:
         return tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
+    check_model_name(backbone)  # a typo gets the closest names, not a registry error
     try:
         # a registry lookup: no model is built and nothing is downloaded
         cfg = timm.models.get_pretrained_cfg(backbone, allow_unregistered=False)
