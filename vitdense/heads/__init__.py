@@ -2,5 +2,13 @@
 
 from vitdense.heads.classification import ClassificationHead, pool_tokens
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
+from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 
-__all__ = ["ClassificationHead", "LinearProbeHead", "pool_tokens", "probe_features"]
+__all__ = [
+    "ClassificationHead",
+    "LinearDecoder",
+    "LinearProbeHead",
+    "MaskTransformerDecoder",
+    "pool_tokens",
+    "probe_features",
+]

@@ -3,5 +3,6 @@
 from vitdense.tasks.base import BackboneConfig, BaseTask
 from vitdense.tasks.classification import ClassificationTask
 from vitdense.tasks.linear_probe import LinearProbeTask
+from vitdense.tasks.segmentation import SegmentationTask
 
-__all__ = ["BackboneConfig", "BaseTask", "ClassificationTask", "LinearProbeTask"]
+__all__ = ["BackboneConfig", "BaseTask", "ClassificationTask", "LinearProbeTask", "SegmentationTask"]

@@ -148,9 +148,13 @@ class BaseTask(L.LightningModule):
             batch_size=batch_size,
             sync_dist=not train,
         )
+        self.log_metrics(metrics, stage, batch_size)
+        return loss
+
+    def log_metrics(self, metrics: MetricCollection, stage: Stage, batch_size: int) -> None:
+        """Log a stage's metrics after each step's update (override for non-scalar metrics)."""
         # logging the collection object lets Lightning compute and reset it once per epoch
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=batch_size)
-        return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self._shared_step(batch, "train")
