@@ -1,0 +1,61 @@
+"""SegmentationTask: training on crops, whole-image evaluation at the label's size."""
+
+import torch
+
+from vitdense.data.types import SegmentedImages
+from vitdense.tasks import BackboneConfig, SegmentationTask
+
+TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32)
+
+
+def batch(sizes, mask_sizes=None, k=3):
+    mask_sizes = mask_sizes or sizes
+    h = max(s[0] for s in sizes)
+    w = max(s[1] for s in sizes)
+    mh = max(s[0] for s in mask_sizes)
+    mw = max(s[1] for s in mask_sizes)
+    images = torch.zeros(len(sizes), 3, h, w)
+    pad = torch.ones(len(sizes), h, w, dtype=torch.bool)
+    masks = torch.full((len(sizes), mh, mw), 255)
+    for i, ((ih, iw), (th, tw)) in enumerate(zip(sizes, mask_sizes, strict=True)):
+        images[i, :, :ih, :iw] = torch.randn(3, ih, iw)
+        pad[i, :ih, :iw] = False
+        masks[i, :th, :tw] = torch.randint(0, k, (th, tw))
+    return SegmentedImages(images, masks, torch.arange(len(sizes)), pad, torch.tensor(sizes), torch.tensor(mask_sizes))
+
+
+def test_training_step_is_pixel_cross_entropy_ignoring_255():
+    task = SegmentationTask(num_classes=3, backbone=TINY).train()
+    b = batch([(32, 32), (32, 32)])
+    out = task.forward_batch(b)
+    assert out.logits[0].shape == (2, 3, 32, 32)
+    loss = task.compute_loss(out, b)
+    expected = torch.nn.functional.cross_entropy(out.logits[0], b.mask, ignore_index=255)
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert task.backbone.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+
+def test_evaluation_scores_each_image_at_its_label_size():
+    task = SegmentationTask(num_classes=3, decoder="linear", backbone=TINY, window=64).eval()
+    b = batch([(45, 37), (30, 50)], mask_sizes=[(90, 74), (15, 25)])
+    with torch.no_grad():
+        out = task.forward_batch(b)
+        assert [tuple(x.shape) for x in out.logits] == [(1, 3, 90, 74), (1, 3, 15, 25)]
+        assert [tuple(t.shape) for t in out.targets] == [(1, 90, 74), (1, 15, 25)]
+        # one window over a whole small image is the plain forward, resized to the label
+        alone = task(b.image[1:, :, :30, :50])
+        resized = torch.nn.functional.interpolate(alone, size=(15, 25), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(out.logits[1], resized)
+    task.update_metrics(task.val_metrics, out, b)
+    labelled = sum(int((t != 255).sum()) for t in out.targets)
+    assert int(task.val_metrics["seg"].confmat.sum()) == labelled
+
+
+def test_class_weights_follow_torch_weighted_mean():
+    weights = [1.0, 2.0, 0.5]
+    task = SegmentationTask(num_classes=3, backbone=TINY, class_weights=weights).train()
+    b = batch([(32, 32)])
+    out = task.forward_batch(b)
+    expected = torch.nn.functional.cross_entropy(out.logits[0], b.mask, weight=torch.tensor(weights), ignore_index=255)
+    torch.testing.assert_close(task.compute_loss(out, b), expected)
