@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
+from PIL import Image
+
+_logger = logging.getLogger(__name__)
 
 
 class TopKPredictionWriter(BasePredictionWriter):
@@ -67,3 +72,67 @@ class TopKPredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def default_palette(num_classes: int, seed: int = 0) -> np.ndarray:
+    """[K, 3] uint8 colours: random but fixed, for datasets that ship no palette."""
+    return np.random.default_rng(seed).integers(0, 256, (num_classes, 3), dtype=np.uint8)
+
+
+def sample_path(dataset: Any, index: int) -> Path | None:
+    """The image file behind sample `index`, when the dataset says (`image_paths` or `samples`)."""
+    if getattr(dataset, "image_paths", None) is not None:
+        return Path(dataset.image_paths[index])
+    if getattr(dataset, "samples", None) is not None:
+        return Path(dataset.samples[index][0])
+    return None
+
+
+class SegmentationPredictionWriter(BasePredictionWriter):
+    """Write each predicted label map as a palette PNG at the image's original size, named
+    after the image (`<stem>.png`, or the sample index), and optionally a colour overlay.
+
+    The palette is the DataModule's `palette` ([K, 3]) when it has one, else a fixed random
+    one; pixel values are class indices, so the PNG reads back as the label map.
+
+    Args:
+        output_dir: folder for the PNGs (created).
+        overlay: also write `<stem>_overlay.jpg`, the image blended with the coloured labels.
+        alpha: weight of the colours in the overlay.
+    """
+
+    def __init__(self, output_dir: str = "predictions", overlay: bool = False, alpha: float = 0.5) -> None:
+        super().__init__(write_interval="batch")
+        self.output_dir = Path(output_dir)
+        self.overlay = overlay
+        self.alpha = alpha
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        palette = getattr(trainer.datamodule, "palette", None)
+        palette = np.asarray(palette, dtype=np.uint8) if palette is not None else default_palette(pl_module.num_classes)
+        dataloaders = trainer.predict_dataloaders
+        dataset = (dataloaders[dataloader_idx] if isinstance(dataloaders, list) else dataloaders).dataset
+        for index, labels in zip(prediction.index.tolist(), prediction.labels, strict=True):
+            path = sample_path(dataset, index)
+            stem = path.stem if path is not None else f"{index:06d}"
+            labels = labels.cpu().numpy().astype(np.uint8)
+            png = Image.fromarray(labels)  # mode L; putpalette turns it into P
+            png.putpalette(palette.reshape(-1).tolist())
+            png.save(self.output_dir / f"{stem}.png")
+            if self.overlay:
+                if path is None:
+                    _logger.warning("no image path for sample %d: overlay skipped", index)
+                    continue
+                image = np.asarray(Image.open(path).convert("RGB").resize(labels.shape[::-1]), dtype=np.float32)
+                blend = (1 - self.alpha) * image + self.alpha * palette[labels].astype(np.float32)
+                Image.fromarray(blend.round().astype(np.uint8)).save(self.output_dir / f"{stem}_overlay.jpg")

@@ -25,7 +25,7 @@ USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ValueErro
 class VitDenseCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
-        parser.link_arguments("data.init_args.img_size", "model.init_args.backbone.img_size", apply_on="parse")
+        parser.link_arguments("data.img_size", "model.init_args.backbone.img_size", apply_on="instantiate")
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         parser.link_arguments("data.class_names", "model.init_args.class_names", apply_on="instantiate")
 

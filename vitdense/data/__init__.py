@@ -1,8 +1,18 @@
 """Datasets, transforms and DataModules."""
 
+from vitdense.data.ade20k import (
+    ADE20K_CLASSES,
+    ADE20K_PALETTE,
+    ADE20KDataModule,
+    SegmentationDataModule,
+    SegmentationFolderDataset,
+)
 from vitdense.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, CIFARImages
+from vitdense.data.collate import pad_collate, segmentation_dataloader
 from vitdense.data.imagefolder import ImageFolderDataModule, ImageFolderDataset, find_classes
+from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.synthetic import SyntheticClassificationDataModule, SyntheticShapes
+from vitdense.data.synthetic_seg import SyntheticSegmentation, SyntheticSegmentationDataModule
 from vitdense.data.transforms import (
     classification_eval_transforms,
     classification_train_transforms,
@@ -10,22 +20,34 @@ from vitdense.data.transforms import (
     normalization,
     seed_worker_transforms,
 )
-from vitdense.data.types import LabeledImages
+from vitdense.data.types import LabeledImages, SegmentedImages
 
 __all__ = [
+    "ADE20K_CLASSES",
+    "ADE20K_PALETTE",
     "CIFAR10_CLASSES",
     "CIFAR100_CLASSES",
+    "ADE20KDataModule",
     "CIFARDataModule",
     "CIFARImages",
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "LabeledImages",
+    "SegmentationDataModule",
+    "SegmentationFolderDataset",
+    "SegmentedImages",
     "SyntheticClassificationDataModule",
+    "SyntheticSegmentation",
+    "SyntheticSegmentationDataModule",
     "SyntheticShapes",
     "classification_eval_transforms",
     "classification_train_transforms",
     "decode_image",
     "find_classes",
     "normalization",
+    "pad_collate",
     "seed_worker_transforms",
+    "segmentation_dataloader",
+    "segmentation_eval_transforms",
+    "segmentation_train_transforms",
 ]

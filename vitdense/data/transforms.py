@@ -9,6 +9,7 @@ tensor normalised per channel.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import albumentations as A
@@ -23,6 +24,20 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from vitdense.backbone.pretrained import check_model_name
 
 Triple = tuple[float, float, float]
+
+
+class SharedRandomCompose(A.Compose):
+    """`A.Compose` whose transforms draw from one shared random stream once seeded.
+
+    `A.Compose.set_random_seed(seed)` gives every transform its own generator seeded with
+    the same number, so the n-th draw of every transform is the same value: with two
+    p=0.5 transforms, either both apply or neither does. Sharing one generator (what
+    albumentations does when no seed is given) keeps the draws independent and seeded.
+    """
+
+    def set_random_seed(self, seed: int | None) -> None:
+        self.seed = seed
+        self.set_random_state(np.random.default_rng(seed), random.Random(seed))
 
 
 def classification_train_transforms(
@@ -52,7 +67,7 @@ def classification_train_transforms(
             A.ColorJitter(brightness=color_jitter, contrast=color_jitter, saturation=color_jitter, hue=0.0, p=1.0)
         )
     transforms += [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()]
-    return A.Compose(transforms)
+    return SharedRandomCompose(transforms)
 
 
 def classification_eval_transforms(img_size: int, mean: Triple, std: Triple, crop_pct: float = 0.875) -> A.Compose:
@@ -63,7 +78,7 @@ def classification_eval_transforms(img_size: int, mean: Triple, std: Triple, cro
     """
     if not 0 < crop_pct <= 1:
         raise ValueError(f"crop_pct={crop_pct}: the centre crop is a fraction of the resized image, in (0, 1]")
-    return A.Compose(
+    return SharedRandomCompose(
         [
             A.SmallestMaxSize(max_size=int(img_size / crop_pct), interpolation=cv2.INTER_CUBIC),
             A.CenterCrop(height=img_size, width=img_size),
