@@ -71,3 +71,31 @@ def test_misspelt_backbone_suggests_names(capsys):
         .splitlines()[-1]
         .startswith("vitdense: error: unknown model name 'vit_tiny_patch16_22'. Did you mean vit_tiny_patch16_224")
     )
+
+
+def test_segmentation_predict_writes_palette_pngs_at_label_size(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    seg = str(Path(__file__).parents[1] / "configs" / "demo_seg.yaml")
+    cli = main(
+        [
+            "predict",
+            "--config",
+            seg,
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.callbacks+=vitdense.callbacks.SegmentationPredictionWriter",
+            f"--trainer.callbacks.output_dir={tmp_path / 'pred'}",
+            "--data.init_args.img_size=32",
+            "--data.init_args.val_size=3",  # (limit_predict_batches=1 would parse as 100%)
+            "--data.init_args.batch_size=2",
+        ]
+    )
+    dataset = cli.datamodule.predict_dataloader().dataset
+    files = sorted((tmp_path / "pred").glob("*.png"))
+    assert [f.name for f in files] == ["000000.png", "000001.png", "000002.png"]
+    for i, f in enumerate(files):
+        png = Image.open(f)
+        labels = np.asarray(png)
+        assert png.mode == "P" and labels.shape == tuple(dataset[i].mask.shape)  # the label map's own size
+        assert labels.max() < cli.model.num_classes
