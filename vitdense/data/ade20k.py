@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 from vitdense.data.base import check_train_size
 from vitdense.data.collate import segmentation_dataloader
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.transforms import decode_image, normalization
+from vitdense.data.transforms import decode_image, resolve_normalization
 from vitdense.data.types import SegmentedImages
 
 _logger = logging.getLogger(__name__)
@@ -281,6 +281,8 @@ class SegmentationDataModule(L.LightningDataModule):
 
     #: what a missing root should have been; subclasses name their dataset and where to get it
     layout_help = f"expected the layout {LAYOUT}"
+    #: [K, 3] colours of predicted label maps (None: a fixed random palette)
+    palette: tuple[tuple[int, int, int], ...] | None = None
 
     def __init__(
         self,
@@ -324,9 +326,7 @@ class SegmentationDataModule(L.LightningDataModule):
             )
         self.ignore_index = ignore_index
         self.img_size = crop_size
-        default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
-        self.mean: Triple = tuple(mean) if mean is not None else default_mean
-        self.std: Triple = tuple(std) if std is not None else default_std
+        self.mean, self.std = resolve_normalization(backbone, mean, std)
         # settings live in attributes, not `hparams`: a subclass with a narrower signature
         # (ADE20KDataModule) saves only its own arguments as hyperparameters
         self.img_dir, self.ann_dir = img_dir, ann_dir
@@ -415,6 +415,7 @@ class ADE20KDataModule(SegmentationDataModule):
         Others: see `SegmentationDataModule`.
     """
 
+    palette = ADE20K_PALETTE
     layout_help = (
         "expected ADE20K's extracted ADEChallengeData2016 folder, holding images/{training,validation}/*.jpg and "
         "annotations/{training,validation}/*.png; download and extract it with data_scripts/ade20k.py "

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from vitdense.data.transforms import (
     classification_eval_transforms,
     classification_train_transforms,
-    normalization,
+    resolve_normalization,
     seed_worker_transforms,
 )
 
@@ -70,9 +70,7 @@ class ClassificationDataModule(L.LightningDataModule):
         self.img_size = img_size
         self.batch_size = batch_size
         self.num_workers = num_workers
-        default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
-        self.mean: Triple = tuple(mean) if mean is not None else default_mean
-        self.std: Triple = tuple(std) if std is not None else default_std
+        self.mean, self.std = resolve_normalization(backbone, mean, std)
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None

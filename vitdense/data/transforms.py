@@ -113,6 +113,12 @@ def normalization(backbone: str | None) -> tuple[Triple, Triple]:
     return tuple(cfg.mean), tuple(cfg.std)
 
 
+def resolve_normalization(backbone: str | None, mean: Triple | None, std: Triple | None) -> tuple[Triple, Triple]:
+    """(mean, std): explicit values win, each on its own; the rest comes from `normalization(backbone)`."""
+    default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
+    return (tuple(mean) if mean is not None else default_mean), (tuple(std) if std is not None else default_std)
+
+
 def decode_image(path: str | Path) -> np.ndarray:
     """Read an image file as a [H, W, 3] uint8 RGB array (grayscale, CMYK, RGBA, palette converted).
 
