@@ -37,7 +37,7 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
             make_split(root / split, ["bird", "cat", "dog"], per_class=2)
         return [f"--data.init_args.root={root}", "--data.init_args.batch_size=2", "--data.init_args.num_workers=0"]
     if class_path.endswith("CIFARDataModule"):
-        write_fake_cifar(tmp_path / "cifar", monkeypatch, data["init_args"]["variant"], per_batch=4)
+        write_fake_cifar(tmp_path / "cifar", monkeypatch, data["init_args"]["variant"], per_batch=8)
         return [
             f"--data.init_args.root={tmp_path / 'cifar'}",
             "--data.init_args.download=false",

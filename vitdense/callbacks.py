@@ -52,9 +52,7 @@ class TopKPredictionWriter(BasePredictionWriter):
         dataloader_idx: int = 0,
     ) -> None:
         names = getattr(pl_module, "class_names", None)
-        dataloaders = trainer.predict_dataloaders
-        loader = dataloaders[dataloader_idx] if isinstance(dataloaders, list) else dataloaders
-        samples = getattr(loader.dataset, "samples", None)
+        dataset = predicted_dataset(trainer, dataloader_idx)
         k = prediction.classes.shape[1]
         if batch_idx == 0 and self._file.tell() == 0:
             header = ["index", "path"] + [f"{c}_{i}" for i in range(1, k + 1) for c in ("class", "prob")]
@@ -62,8 +60,8 @@ class TopKPredictionWriter(BasePredictionWriter):
         for index, probs, classes in zip(
             prediction.index.tolist(), prediction.probs.tolist(), prediction.classes.tolist(), strict=True
         ):
-            path = str(samples[index][0]) if samples is not None and index >= 0 else ""
-            row: list = [index, path]
+            path = sample_path(dataset, index) if index >= 0 else None
+            row: list = [index, str(path or "")]
             for c, p in zip(classes, probs, strict=True):
                 row += [names[c] if names else c, f"{p:.6f}"]
             self._writer.writerow(row)
@@ -72,6 +70,12 @@ class TopKPredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def predicted_dataset(trainer: L.Trainer, dataloader_idx: int) -> Any:
+    """The dataset behind the predict loader `dataloader_idx`."""
+    loaders = trainer.predict_dataloaders
+    return (loaders[dataloader_idx] if isinstance(loaders, list) else loaders).dataset
 
 
 def default_palette(num_classes: int, seed: int = 0) -> np.ndarray:
@@ -120,8 +124,7 @@ class SegmentationPredictionWriter(BasePredictionWriter):
         self.output_dir.mkdir(parents=True, exist_ok=True)
         palette = getattr(trainer.datamodule, "palette", None)
         palette = np.asarray(palette, dtype=np.uint8) if palette is not None else default_palette(pl_module.num_classes)
-        dataloaders = trainer.predict_dataloaders
-        dataset = (dataloaders[dataloader_idx] if isinstance(dataloaders, list) else dataloaders).dataset
+        dataset = predicted_dataset(trainer, dataloader_idx)
         for index, labels in zip(prediction.index.tolist(), prediction.labels, strict=True):
             path = sample_path(dataset, index)
             stem = path.stem if path is not None else f"{index:06d}"

@@ -239,13 +239,7 @@ class SegmentationFolderDataset(Dataset):
         out = self.transform(image=image, mask=mask)
         image_t = out["image"]
         mask_t = torch.as_tensor(out["mask"], dtype=torch.int64)
-        return SegmentedImages(
-            image=image_t,
-            mask=mask_t,
-            index=index,
-            image_size=tuple(image_t.shape[-2:]),
-            mask_size=tuple(mask_t.shape[-2:]),
-        )
+        return SegmentedImages.of(image_t, mask_t, index)
 
 
 class SegmentationDataModule(L.LightningDataModule):

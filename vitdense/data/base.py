@@ -3,6 +3,7 @@ the albumentations pipelines, and loaders over their datasets."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import albumentations as A
@@ -20,11 +21,13 @@ from vitdense.data.transforms import (
 Triple = tuple[float, float, float]
 
 
-def classification_dataloader(dataset: Dataset, batch_size: int, num_workers: int, train: bool) -> DataLoader:
-    """Loader of LabeledImages batches; training shuffles and drops the last partial batch.
+def image_dataloader(
+    dataset: Dataset, batch_size: int, num_workers: int, train: bool, collate_fn: Callable | None = None
+) -> DataLoader:
+    """Loader of image batches; training shuffles and drops the last partial batch.
 
     Dropping it keeps every training step at full batch size (Mixup pairs samples, stable
-    loss scale); evaluation keeps every sample.
+    loss scale); evaluation keeps every sample. Workers reseed their augmentations.
     """
     return DataLoader(
         dataset,
@@ -34,6 +37,7 @@ def classification_dataloader(dataset: Dataset, batch_size: int, num_workers: in
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         worker_init_fn=seed_worker_transforms,
+        collate_fn=collate_fn,
     )
 
 
@@ -88,7 +92,7 @@ class ClassificationDataModule(L.LightningDataModule):
         return classification_eval_transforms(self.img_size, self.mean, self.std, crop_pct=crop_pct)
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
-        return classification_dataloader(dataset, self.batch_size, self.num_workers, train)
+        return image_dataloader(dataset, self.batch_size, self.num_workers, train)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, train=True)

@@ -7,7 +7,7 @@ from functools import partial
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vitdense.data.transforms import seed_worker_transforms
+from vitdense.data.base import image_dataloader
 from vitdense.data.types import SegmentedImages
 
 
@@ -54,13 +54,4 @@ def segmentation_dataloader(
     dataset: Dataset, batch_size: int, num_workers: int, train: bool, ignore_index: int = 255
 ) -> DataLoader:
     """Loader of padded `SegmentedImages` batches; training shuffles and drops the last partial batch."""
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=train,
-        drop_last=train,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        worker_init_fn=seed_worker_transforms,
-        collate_fn=partial(pad_collate, ignore_index=ignore_index),
-    )
+    return image_dataloader(dataset, batch_size, num_workers, train, partial(pad_collate, ignore_index=ignore_index))

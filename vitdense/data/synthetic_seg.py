@@ -109,13 +109,7 @@ class SyntheticSegmentation(Dataset):
             normalised = (image.astype(np.float32) - self.mean) / self.std
             image_t = torch.from_numpy(normalised).permute(2, 0, 1).contiguous()
             mask_t = torch.from_numpy(labels.astype(np.int64))
-        return SegmentedImages(
-            image=image_t,
-            mask=mask_t,
-            index=index,
-            image_size=tuple(image_t.shape[-2:]),
-            mask_size=tuple(mask_t.shape[-2:]),
-        )
+        return SegmentedImages.of(image_t, mask_t, index)
 
 
 class SyntheticSegmentationDataModule(L.LightningDataModule):

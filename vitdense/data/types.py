@@ -45,3 +45,8 @@ class SegmentedImages(NamedTuple):
     pad_mask: torch.Tensor | None = None
     image_size: torch.Tensor | tuple[int, int] | None = None
     mask_size: torch.Tensor | tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, image: torch.Tensor, mask: torch.Tensor, index: int) -> SegmentedImages:
+        """One sample, its sizes read off the tensors: image [3, H, W], mask [h, w] int64."""
+        return cls(image, mask, index, image_size=tuple(image.shape[-2:]), mask_size=tuple(mask.shape[-2:]))

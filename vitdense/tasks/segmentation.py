@@ -8,12 +8,12 @@ figures are those of mmseg/Segmenter's evaluation.
 
 from __future__ import annotations
 
-import logging
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MetricCollection
 
@@ -23,8 +23,6 @@ from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
-
-_logger = logging.getLogger(__name__)
 
 
 class SegmentationOutput(NamedTuple):
@@ -197,7 +195,7 @@ class SegmentationTask(BaseTask):
             for name, iou, acc in zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist(), strict=True):
                 rows.append(f"{name:<24}{100 * iou:8.2f}{100 * acc:8.2f}")
             summary = "  ".join(f"{k} {100 * result[k].item():.2f}" for k in ("mIoU", "mAcc", "aAcc"))
-            _logger.info("%s per-class IoU (epoch %d): %s\n%s", stage, self.current_epoch, summary, "\n".join(rows))
+            rank_zero_info(f"{stage} epoch {self.current_epoch}: {summary}\n" + "\n".join(rows))
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
