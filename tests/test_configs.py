@@ -91,3 +91,17 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
     assert cli.model.backbone.img_size == (64, 64)  # linked from the data
     assert cli.model.monitor in cli.trainer.callback_metrics
     assert (tmp_path / cfg["trainer"]["default_root_dir"] / "checkpoints" / "last.ckpt").exists()
+
+
+def test_ade20k_recipe_tests_on_validation_with_test_windows(tmp_path, monkeypatch):
+    """`python -m vitdense test` on the ADE20K config scores the validation split, 480-px stride."""
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).parents[1] / "configs" / "seg_ade20k.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    args = ["test", "--config", str(config), *fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch)]
+    args += ["--model.init_args.backbone.pretrained=false", "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    args += ["--trainer.enable_progress_bar=false"]
+    cli = main(args)
+    assert cli.model.test_stride == 60  # window 64 (the crop) x 15/16, Segmenter's 512/480
+    assert len(cli.datamodule.test_dataset) == 3
+    assert 0 <= cli.trainer.callback_metrics["test/mIoU"] <= 1

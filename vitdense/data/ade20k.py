@@ -401,7 +401,8 @@ class ADE20KDataModule(SegmentationDataModule):
     """ADE20K's SceneParsing benchmark (ADEChallengeData2016): 150 classes, 20210 training
     and 2000 validation images, with mmseg/Segmenter's augmentation.
 
-    Label 0 ("other") is ignored and 1..150 become 0..149 (`ADE20K_CLASSES`). Download,
+    Label 0 ("other") is ignored and 1..150 become 0..149 (`ADE20K_CLASSES`). `test` runs
+    on the validation split, where published results are measured. Download,
     check and extract the data with `python data_scripts/ade20k.py`.
 
     Args:
@@ -450,6 +451,7 @@ class ADE20KDataModule(SegmentationDataModule):
             std=std,
             train_split=train_split,
             val_split=val_split,
+            test_split=val_split,  # ADE20K's labelled benchmark split: published mIoUs are on validation
         )
         # drop the parent's arguments this signature fixes (class_names, reduce_zero_label, ...),
         # so that ADE20KDataModule(**hparams) rebuilds it from a checkpoint
