@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import albumentations as A
-import lightning as L
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, Dataset
 
-from vitdense.data.base import check_train_size
+from vitdense.data.base import SplitsDataModule, check_train_size
 from vitdense.data.collate import segmentation_dataloader
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.transforms import decode_image, resolve_normalization
@@ -242,7 +241,7 @@ class SegmentationFolderDataset(Dataset):
         return SegmentedImages.of(image_t, mask_t, index)
 
 
-class SegmentationDataModule(L.LightningDataModule):
+class SegmentationDataModule(SplitsDataModule):
     """Folders of images and PNG label maps: `root/<img_dir>/<split>/*.jpg`, `root/<ann_dir>/<split>/*.png`.
 
     Training follows mmseg's ADE20K recipe (`segmentation_train_transforms`): random
@@ -333,10 +332,6 @@ class SegmentationDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.image_suffix, self.mask_suffix = image_suffix, mask_suffix
-        self.train_dataset: Dataset | None = None
-        self.val_dataset: Dataset | None = None
-        self.test_dataset: Dataset | None = None
-        self.predict_dataset: Dataset | None = None
 
     def train_transforms(self) -> A.Compose:
         transform = segmentation_train_transforms(
@@ -383,18 +378,6 @@ class SegmentationDataModule(L.LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         batch_size = self.batch_size if train else self.eval_batch_size
         return segmentation_dataloader(dataset, batch_size, self.num_workers, train, self.ignore_index)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_dataset, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_dataset, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_dataset, train=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_dataset, train=False)
 
 
 class ADE20KDataModule(SegmentationDataModule):

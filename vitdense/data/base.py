@@ -50,7 +50,34 @@ def check_train_size(dataset: Dataset, batch_size: int, where: str | Path) -> No
         )
 
 
-class ClassificationDataModule(L.LightningDataModule):
+class SplitsDataModule(L.LightningDataModule):
+    """A DataModule whose `setup` fills `train/val/test/predict_dataset`; one loader per
+    split through `_loader` (override it for batch sizes or collate functions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_dataset: Dataset | None = None
+        self.val_dataset: Dataset | None = None
+        self.test_dataset: Dataset | None = None
+        self.predict_dataset: Dataset | None = None
+
+    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_dataset, train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_dataset, train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.predict_dataset, train=False)
+
+
+class ClassificationDataModule(SplitsDataModule):
     """Base of the classification DataModules: subclasses set `class_names` and
     `num_classes` in `__init__` and the `*_dataset` attributes in `setup`.
 
@@ -75,10 +102,6 @@ class ClassificationDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.mean, self.std = resolve_normalization(backbone, mean, std)
-        self.train_dataset: Dataset | None = None
-        self.val_dataset: Dataset | None = None
-        self.test_dataset: Dataset | None = None
-        self.predict_dataset: Dataset | None = None
 
     def train_transforms(self, scale: tuple[float, float], color_jitter: float) -> A.Compose:
         transform = classification_train_transforms(
@@ -93,15 +116,3 @@ class ClassificationDataModule(L.LightningDataModule):
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         return image_dataloader(dataset, self.batch_size, self.num_workers, train)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_dataset, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_dataset, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.test_dataset, train=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.predict_dataset, train=False)
