@@ -99,3 +99,24 @@ def test_segmentation_predict_writes_palette_pngs_at_label_size(tmp_path):
         labels = np.asarray(png)
         assert png.mode == "P" and labels.shape == tuple(dataset[i].mask.shape)  # the label map's own size
         assert labels.max() < cli.model.num_classes
+
+
+def test_data_error_at_setup_is_one_line(tmp_path, capsys, monkeypatch):
+    from tests.data.test_imagefolder import make_split
+
+    monkeypatch.chdir(tmp_path)
+    for split in ("train", "val"):
+        make_split(tmp_path / "imagenet" / split, ["bird", "cat"], per_class=2)
+    config = str(Path(__file__).parents[1] / "configs" / "cls_imagenet.yaml")
+    args = [
+        "fit",
+        "--config",
+        config,
+        f"--data.init_args.root={tmp_path / 'imagenet'}",
+        "--data.init_args.num_workers=0",
+    ]
+    args += ["--model.init_args.backbone.pretrained=false", "--data.init_args.img_size=32", "--trainer.devices=1"]
+    args += ["--trainer.strategy=auto", "--trainer.accelerator=cpu", "--data.init_args.batch_size=64"]
+    err = run_error(args, capsys)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("vitdense: error: ") and "batch_size=64" in last and "Traceback" not in err

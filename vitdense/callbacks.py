@@ -97,7 +97,9 @@ class SegmentationPredictionWriter(BasePredictionWriter):
     after the image (`<stem>.png`, or the sample index), and optionally a colour overlay.
 
     The palette is the DataModule's `palette` ([K, 3]) when it has one, else a fixed random
-    one; pixel values are class indices, so the PNG reads back as the label map.
+    one. Pixel values follow the dataset's own files: class indices, plus 1 when the
+    DataModule reduces label 0 (ADE20K stores classes as 1..150), so a prediction reads back
+    like an annotation.
 
     Args:
         output_dir: folder for the PNGs (created).
@@ -128,10 +130,16 @@ class SegmentationPredictionWriter(BasePredictionWriter):
         for index, labels in zip(prediction.index.tolist(), prediction.labels, strict=True):
             path = sample_path(dataset, index)
             stem = path.stem if path is not None else f"{index:06d}"
-            labels = labels.cpu().numpy().astype(np.uint8)
-            png = Image.fromarray(labels)  # mode L; putpalette turns it into P
-            png.putpalette(palette.reshape(-1).tolist())
-            png.save(self.output_dir / f"{stem}.png")
+            labels = labels.cpu().numpy()
+            # the dataset's own label values: with reduce_zero_label (ADE20K) class k is k + 1 on disk
+            stored = labels + 1 if getattr(trainer.datamodule, "reduce_zero_label", False) else labels
+            if stored.max(initial=0) > 255:  # beyond a palette: a 16-bit grey PNG of the indices
+                Image.fromarray(stored.astype(np.uint16)).save(self.output_dir / f"{stem}.png")
+            else:
+                png = Image.fromarray(stored.astype(np.uint8))  # mode L; putpalette turns it into P
+                colours = palette if stored is labels else np.concatenate([np.zeros((1, 3), np.uint8), palette])
+                png.putpalette(colours.reshape(-1).tolist())
+                png.save(self.output_dir / f"{stem}.png")
             if self.overlay:
                 if path is None:
                     _logger.warning("no image path for sample %d: overlay skipped", index)

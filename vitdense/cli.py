@@ -16,6 +16,7 @@ import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
 from vitdense.backbone import CheckpointError
+from vitdense.errors import DataError
 from vitdense.tasks import BaseTask
 
 #: errors of the user's making (config, files, data) that deserve one line, not a traceback
@@ -59,5 +60,5 @@ def main(args: list[str] | None = None) -> VitDenseCLI:
             args=args,
             save_config_kwargs={"overwrite": True},
         )
-    except (FileNotFoundError, NotADirectoryError, CheckpointError) as err:  # e.g. data missing at setup
+    except (FileNotFoundError, NotADirectoryError, CheckpointError, DataError) as err:  # e.g. bad data at setup
         _exit_with(err)

@@ -179,3 +179,8 @@ def test_drop_path_increases_linearly_and_only_trains():
 def test_mismatched_pad_mask_is_rejected():
     with pytest.raises(ValueError, match="pad_mask has batch 1"):
         tiny()(torch.randn(2, 3, 32, 32), pad_mask=torch.zeros(1, 32, 32, dtype=torch.bool))
+
+
+def test_out_of_range_block_index_is_refused():
+    with pytest.raises(ValueError, match="block index 3 is out of range for depth 3"):
+        tiny()(torch.randn(1, 3, 32, 32), intermediates=(3,))

@@ -87,3 +87,37 @@ def test_checkpoint_reloads_with_load_from_checkpoint(tmp_path):
         torch.testing.assert_close(reloaded(x), cli.model.eval()(x))
     assert reloaded.class_names == cli.datamodule.class_names
     assert reloaded.backbone_config == cli.model.backbone_config
+
+
+def test_accuracy_is_the_fraction_of_images_not_a_class_average():
+    task = ClassificationTask(num_classes=4, backbone=BackboneConfig(img_size=32))
+    logits = torch.nn.functional.one_hot(torch.tensor([0, 0, 0, 2]), 4).float()
+    task.val_metrics["acc1"].update(logits, torch.tensor([0, 0, 0, 1]))
+    assert task.val_metrics["acc1"].compute() == pytest.approx(0.75)  # macro would say 1/3
+
+
+def test_plateau_schedule_steps_per_epoch_on_the_monitored_metric():
+    from functools import partial
+
+    task = ClassificationTask(
+        num_classes=3,
+        backbone=BackboneConfig(img_size=32),
+        lr_scheduler=partial(torch.optim.lr_scheduler.ReduceLROnPlateau, mode="max"),
+    )
+    task.trainer = None
+    config = task.configure_optimizers()["lr_scheduler"]
+    assert config["interval"] == "epoch" and config["monitor"] == "val/acc1"
+
+
+def test_python_api_checkpoint_loads_with_weights_only(tmp_path):
+    import lightning as L
+
+    from vitdense.data import SyntheticClassificationDataModule
+
+    task = ClassificationTask(num_classes=4, backbone=BackboneConfig(img_size=32))
+    trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer.fit(task, datamodule=SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=4, batch_size=4))
+    path = tmp_path / "api.ckpt"
+    trainer.save_checkpoint(path)
+    reloaded = ClassificationTask.load_from_checkpoint(path)  # torch.load(weights_only=True) underneath
+    assert reloaded.backbone_config == task.backbone_config

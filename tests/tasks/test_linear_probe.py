@@ -63,7 +63,7 @@ def test_feature_cache_skips_the_backbone_after_the_first_pass():
     assert len(calls) == first  # second fit: every feature came from the cache
     batch = next(iter(data.train_dataloader()))
     task.eval()
-    cached = torch.stack([task._cache[(True, int(i))] for i in batch.index])
+    cached = torch.stack([task._cache[("train", int(i))] for i in batch.index])
     torch.testing.assert_close(cached, task.extract(batch.image), rtol=0, atol=1e-5)
 
 
@@ -81,3 +81,15 @@ def test_dinov2_features_match_timm_intermediates(tmp_path):
     expected = torch.cat([p[:, 0] for p in prefixes] + [spatial[-1].flatten(2).mean(-1)], dim=-1)
     assert feats.shape == (2, 5 * 192)
     torch.testing.assert_close(feats, expected, rtol=0, atol=1e-5)
+
+
+def test_cached_features_are_kept_per_split():
+    data = SyntheticClassificationDataModule(num_classes=4, img_size=32, batch_size=8, train_size=16, val_size=8)
+    task = LinearProbeTask(num_classes=4, cache_features=True, backbone=TINY)
+    calls = []
+    task.backbone.register_forward_hook(lambda *_: calls.append(1))
+    trainer = fit(task, data, max_epochs=1, limit_batches=2)
+    before = len(calls)
+    trainer.test(task, datamodule=data, verbose=False)
+    assert len(calls) == before + 1  # the test images (same indices as val) get their own features
+    assert {split for split, _ in task._cache} == {"train", "validate", "test"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import pickle
 from pathlib import Path
 
 import timm
@@ -135,7 +136,15 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
             return load_file(str(path))
         if suffix in TORCH_SUFFIXES:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError:
+                # training checkpoints may pickle config objects (argparse.Namespace, ...);
+                # the user named this local file, so load it in full, and say so
+                _logger.warning(
+                    "%s holds pickled Python objects besides tensors; loading it with weights_only=False", path
+                )
+                return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:  # corrupt or truncated files raise many different types
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
     raise CheckpointError(

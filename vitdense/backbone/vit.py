@@ -409,6 +409,9 @@ class VisionTransformer(nn.Module):
             keep = F.pad(~token_mask, (self.num_prefix_tokens, 0), value=True)
             attn_mask = keep[:, None, None, :]
 
+        for i in (*intermediates, *attentions):
+            if not -self.depth <= i < self.depth:
+                raise ValueError(f"block index {i} is out of range for depth {self.depth}")
         want_out = {i % self.depth for i in intermediates}
         want_attn = {i % self.depth for i in attentions}
         outs, attns = {}, {}

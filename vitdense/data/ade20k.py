@@ -30,6 +30,7 @@ from vitdense.data.collate import segmentation_dataloader
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.transforms import decode_image, resolve_normalization
 from vitdense.data.types import SegmentedImages
+from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)
 
@@ -106,9 +107,9 @@ def read_label_map(path: str | Path) -> np.ndarray:
     except FileNotFoundError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise ValueError(f"{path}: corrupt or unreadable label map ({err}); replace or delete the file") from err
+        raise DataError(f"{path}: corrupt or unreadable label map ({err}); replace or delete the file") from err
     if values is None:
-        raise ValueError(
+        raise DataError(
             f"{path}: label map in PIL mode {mode!r}; expected a single-channel PNG ({', '.join(LABEL_MODES)}) "
             "whose pixel values are class indices; convert colour-coded masks to indices first"
         )
@@ -126,10 +127,10 @@ def _files_by_stem(folder: Path, suffix: str, kind: str) -> dict[str, Path]:
             skipped += path.is_file()
             continue
         if path.stem in found:
-            raise ValueError(f"{found[path.stem]} and {path}: two {kind} files with one name; keep one")
+            raise DataError(f"{found[path.stem]} and {path}: two {kind} files with one name; keep one")
         found[path.stem] = path
     if not found:
-        raise ValueError(f"{folder}: no {kind} files ending in {suffix}; expected the layout {LAYOUT}")
+        raise DataError(f"{folder}: no {kind} files ending in {suffix}; expected the layout {LAYOUT}")
     if skipped:
         _logger.warning("%s: skipped %d files that are not %s files (%s)", folder, skipped, kind, suffix)
     return found
@@ -189,7 +190,7 @@ class SegmentationFolderDataset(Dataset):
                 problems.append(f"label maps for {_unpaired(no_mask, self.mask_dir, mask_suffix)}")
             if no_image:
                 problems.append(f"images for {_unpaired(no_image, self.image_dir, image_suffix)}")
-            raise ValueError(
+            raise DataError(
                 f"{self.image_dir}: images and label maps do not pair up by name: {'; '.join(problems)}; "
                 "add the missing files or remove their partners"
             )
@@ -219,7 +220,7 @@ class SegmentationFolderDataset(Dataset):
         bad = ((labels < 0) | (labels >= self.num_classes)) & (labels != self.ignore_index)
         if bad.any():
             values = np.unique(labels[bad]) + (1 if self.reduce_zero_label else 0)  # as stored in the file
-            raise ValueError(
+            raise DataError(
                 f"{path}: label values {values.tolist()[:20]} are not classes; with num_classes={self.num_classes} "
                 f"and reduce_zero_label={self.reduce_zero_label} the file may hold {self._allowed_labels()}; "
                 "fix the label map, or num_classes / reduce_zero_label / ignore_index"
@@ -231,7 +232,7 @@ class SegmentationFolderDataset(Dataset):
         image = decode_image(image_path)
         mask = self.load_mask(mask_path)
         if image.shape[:2] != mask.shape:
-            raise ValueError(
+            raise DataError(
                 f"{image_path} is {image.shape[0]}x{image.shape[1]} (HxW) but its label map {mask_path} is "
                 f"{mask.shape[0]}x{mask.shape[1]}; a label map must match its image pixel for pixel"
             )
@@ -310,10 +311,10 @@ class SegmentationDataModule(SplitsDataModule):
             raise FileNotFoundError(f"{self.root}: no such directory; {self.layout_help}")
         self.class_names = list(class_names)
         if not self.class_names or len(set(self.class_names)) != len(self.class_names):
-            raise ValueError(f"class_names for {self.root} must be non-empty and unique, got {self.class_names}")
+            raise DataError(f"class_names for {self.root} must be non-empty and unique, got {self.class_names}")
         self.num_classes = len(self.class_names)
         if 0 <= ignore_index < self.num_classes:
-            raise ValueError(
+            raise DataError(
                 f"ignore_index={ignore_index} is also class {self.class_names[ignore_index]!r} of {self.num_classes}; "
                 "pick an ignore_index outside 0..num_classes-1 (255 is usual)"
             )
@@ -370,7 +371,7 @@ class SegmentationDataModule(SplitsDataModule):
             self.val_dataset = self._split(self.val_split, self.eval_transforms())
         if stage == "test":
             if self.test_split is None:
-                raise ValueError(f"{self.root}: no test split configured; set data.test_split to its folder name")
+                raise DataError(f"{self.root}: no test split configured; set data.test_split to its folder name")
             self.test_dataset = self._split(self.test_split, self.eval_transforms())
         if stage == "predict":
             self.predict_dataset = self._split(self.val_split, self.eval_transforms())

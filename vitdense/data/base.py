@@ -17,6 +17,7 @@ from vitdense.data.transforms import (
     resolve_normalization,
     seed_worker_transforms,
 )
+from vitdense.errors import DataError
 
 Triple = tuple[float, float, float]
 
@@ -44,7 +45,7 @@ def image_dataloader(
 def check_train_size(dataset: Dataset, batch_size: int, where: str | Path) -> None:
     """Fail early when drop_last would leave the training split with no batch at all."""
     if len(dataset) < batch_size:
-        raise ValueError(
+        raise DataError(
             f"{where}: {len(dataset)} training images but batch_size={batch_size}, so no full batch; "
             "lower batch_size or add images"
         )

@@ -17,6 +17,7 @@ from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdense.data.base import ClassificationDataModule, check_train_size
 from vitdense.data.types import LabeledImages
+from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)
 
@@ -114,9 +115,9 @@ class CIFARDataModule(ClassificationDataModule):
     ) -> None:
         super().__init__(img_size, batch_size, num_workers, backbone, mean, std)
         if variant not in _VARIANTS:
-            raise ValueError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
+            raise DataError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
         if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
+            raise DataError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
@@ -148,7 +149,7 @@ class CIFARDataModule(ClassificationDataModule):
         except RuntimeError as err:
             raise self._missing("files are missing or fail their md5 check") from err
         if list(ds.classes) != self.class_names:
-            raise ValueError(
+            raise DataError(
                 f"{self.root / ds.base_folder / ds.meta['filename']}: class names {ds.classes[:3]}... differ from "
                 f"the official {self.hparams.variant} list; re-download the dataset"
             )

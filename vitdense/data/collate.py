@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.base import image_dataloader
 from vitdense.data.types import SegmentedImages
+from vitdense.errors import DataError
 
 
 def pad_collate(samples: list[SegmentedImages], ignore_index: int = 255) -> SegmentedImages:
@@ -30,7 +31,7 @@ def pad_collate(samples: list[SegmentedImages], ignore_index: int = 255) -> Segm
         and (h_i, w_i) before padding.
     """
     if not samples:
-        raise ValueError("pad_collate got no samples; the loader's batch_size must be at least 1")
+        raise DataError("pad_collate got no samples; the loader's batch_size must be at least 1")
     images = [s.image for s in samples]
     masks = [torch.as_tensor(s.mask, dtype=torch.int64) for s in samples]
     image_size = torch.tensor([img.shape[-2:] for img in images], dtype=torch.int64)

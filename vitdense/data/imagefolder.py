@@ -19,6 +19,7 @@ from vitdense.data.transforms import (
     decode_image,
 )
 from vitdense.data.types import LabeledImages
+from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def find_classes(root: str | Path) -> list[str]:
         raise FileNotFoundError(f"{root}: no such directory; expected the ImageNet layout {LAYOUT}")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
-        raise ValueError(f"{root}: no class folders in it; expected the ImageNet layout {LAYOUT}")
+        raise DataError(f"{root}: no class folders in it; expected the ImageNet layout {LAYOUT}")
     return classes
 
 
@@ -71,11 +72,11 @@ class ImageFolderDataset(Dataset):
         folders = find_classes(self.root)
         self.class_names = list(class_names) if class_names is not None else folders
         if len(set(self.class_names)) != len(self.class_names):
-            raise ValueError(f"class_names for {self.root} has duplicates: {self.class_names}")
+            raise DataError(f"class_names for {self.root} has duplicates: {self.class_names}")
         class_to_idx = {name: i for i, name in enumerate(self.class_names)}
         unknown = [name for name in folders if name not in class_to_idx]
         if unknown:
-            raise ValueError(
+            raise DataError(
                 f"{self.root}: class folders {unknown} are not among the {len(self.class_names)} classes of the "
                 "train split; remove them, or add them to the train split"
             )
@@ -90,7 +91,7 @@ class ImageFolderDataset(Dataset):
             files = sorted(p for p in (self.root / name).rglob("*") if p.is_file())
             images = [p for p in files if p.suffix.lower() in suffixes and not p.name.startswith(".")]
             if not images:
-                raise ValueError(
+                raise DataError(
                     f"{self.root / name}: class folder without images (looked for {', '.join(sorted(suffixes))}); "
                     "add images or remove the folder"
                 )
@@ -174,7 +175,7 @@ class ImageFolderDataModule(ClassificationDataModule):
             self.val_dataset = self._eval_split(hp.val_split)
         if stage == "test":
             if hp.test_split is None:
-                raise ValueError(f"{self.root}: no test split configured; set data.test_split to its folder name")
+                raise DataError(f"{self.root}: no test split configured; set data.test_split to its folder name")
             self.test_dataset = self._eval_split(hp.test_split)
         if stage == "predict":
             self.predict_dataset = self._eval_split(hp.predict_split or hp.val_split)

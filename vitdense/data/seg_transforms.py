@@ -39,6 +39,7 @@ from albumentations.pytorch import ToTensorV2
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.data.transforms import SharedRandomCompose
+from vitdense.errors import DataError
 
 Triple = tuple[float, float, float]
 
@@ -82,7 +83,7 @@ class RescaleKeepRatio(A.DualTransform):
     ) -> None:
         super().__init__(p=p)
         if not 0 < ratio_range[0] <= ratio_range[1]:
-            raise ValueError(f"ratio_range={ratio_range}: expected 0 < low <= high")
+            raise DataError(f"ratio_range={ratio_range}: expected 0 < low <= high")
         self.scale = tuple(scale)
         self.ratio_range = tuple(ratio_range)
         self.interpolation = interpolation
@@ -225,7 +226,7 @@ class PhotoMetricDistortion(A.ImageOnlyTransform):
         **params: Any,
     ) -> np.ndarray:
         if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
-            raise ValueError(
+            raise DataError(
                 f"PhotoMetricDistortion needs a [H, W, 3] uint8 RGB image, got {img.dtype} {img.shape}; "
                 "place it before Normalize"
             )

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.transforms import normalization
 from vitdense.data.types import LabeledImages
+from vitdense.errors import DataError
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")
 
@@ -37,7 +38,7 @@ def draw_shape(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
         return ((np.abs(dy) <= arm) & (np.abs(dx) <= radius)) | ((np.abs(dx) <= arm) & (np.abs(dy) <= radius))
     if shape == "triangle":
         return (dy <= radius * 0.7) & (dy >= -radius + 2 * np.abs(dx))
-    raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    raise DataError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
 
 
 def textured_background(size: int, rng: np.random.Generator) -> np.ndarray:
@@ -70,7 +71,7 @@ class SyntheticShapes(Dataset):
         std: tuple[float, float, float] = (0.5, 0.5, 0.5),
     ) -> None:
         if not 2 <= num_classes <= len(SHAPES):
-            raise ValueError(f"num_classes={num_classes}: the synthetic data has 2 to {len(SHAPES)} shapes")
+            raise DataError(f"num_classes={num_classes}: the synthetic data has 2 to {len(SHAPES)} shapes")
         self.length = length
         self.img_size = img_size
         self.num_classes = num_classes

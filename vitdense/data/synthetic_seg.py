@@ -20,6 +20,7 @@ from vitdense.data.seg_transforms import segmentation_eval_transforms
 from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
 from vitdense.data.transforms import normalization
 from vitdense.data.types import SegmentedImages
+from vitdense.errors import DataError
 
 Triple = tuple[float, float, float]
 
@@ -73,12 +74,12 @@ class SyntheticSegmentation(Dataset):
         transform: Callable[..., dict[str, Any]] | None = None,
     ) -> None:
         if not 2 <= num_classes <= len(SHAPES) + 1:
-            raise ValueError(
+            raise DataError(
                 f"num_classes={num_classes}: the synthetic data has background plus 1 to {len(SHAPES)} shapes, "
                 f"so 2 to {len(SHAPES) + 1} classes"
             )
         if size_range is not None and not 8 <= size_range[0] <= size_range[1]:
-            raise ValueError(f"size_range={size_range}: expected 8 <= min <= max pixels")
+            raise DataError(f"size_range={size_range}: expected 8 <= min <= max pixels")
         self.length = length
         self.img_size = img_size
         self.num_classes = num_classes
@@ -145,7 +146,7 @@ class SyntheticSegmentationDataModule(L.LightningDataModule):
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES) + 1:
-            raise ValueError(f"num_classes={num_classes}: expected 2 to {len(SHAPES) + 1} (background plus shapes)")
+            raise DataError(f"num_classes={num_classes}: expected 2 to {len(SHAPES) + 1} (background plus shapes)")
         self.img_size = img_size
         self.num_classes = num_classes
         self.class_names = ["background", *SHAPES[: num_classes - 1]]

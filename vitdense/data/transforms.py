@@ -22,6 +22,7 @@ from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.backbone.pretrained import check_model_name
+from vitdense.errors import DataError
 
 Triple = tuple[float, float, float]
 
@@ -77,7 +78,7 @@ def classification_eval_transforms(img_size: int, mean: Triple, std: Triple, cro
     square is kept; `crop_pct=1` resizes a square image straight to `img_size`.
     """
     if not 0 < crop_pct <= 1:
-        raise ValueError(f"crop_pct={crop_pct}: the centre crop is a fraction of the resized image, in (0, 1]")
+        raise DataError(f"crop_pct={crop_pct}: the centre crop is a fraction of the resized image, in (0, 1]")
     return SharedRandomCompose(
         [
             A.SmallestMaxSize(max_size=int(img_size / crop_pct), interpolation=cv2.INTER_CUBIC),
@@ -106,7 +107,7 @@ def normalization(backbone: str | None) -> tuple[Triple, Triple]:
         # a registry lookup: no model is built and nothing is downloaded
         cfg = timm.models.get_pretrained_cfg(backbone, allow_unregistered=False)
     except RuntimeError as err:
-        raise ValueError(
+        raise DataError(
             f"backbone {backbone!r}: timm has no pretrained config for it ({err}); "
             "use a name from timm.list_pretrained('vit_*'), or pass mean and std explicitly"
         ) from err
@@ -133,7 +134,7 @@ def decode_image(path: str | Path) -> np.ndarray:
     except FileNotFoundError:
         raise
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise ValueError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
+        raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
 
 
 def seed_worker_transforms(worker_id: int) -> None:

@@ -66,6 +66,8 @@ class BackboneConfig:
 
 
 DEFAULT_BACKBONE = BackboneConfig()
+# checkpoints carry it in their hyperparameters; torch.load(weights_only=True) must accept it
+torch.serialization.add_safe_globals([BackboneConfig])
 
 
 class BaseTask(L.LightningModule):
@@ -173,6 +175,8 @@ class BaseTask(L.LightningModule):
         scheduler = self.lr_scheduler(optimizer)
         if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
             scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
-        # "monitor" only matters to schedules that watch a metric (ReduceLROnPlateau)
-        schedule = {"scheduler": scheduler, "interval": "step", "monitor": self.monitor}
+        # schedules step per iteration, except a plateau schedule, which watches the
+        # validation metric once it exists and counts its patience in epochs
+        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        schedule = {"scheduler": scheduler, "interval": "epoch" if plateau else "step", "monitor": self.monitor}
         return {"optimizer": optimizer, "lr_scheduler": schedule}

@@ -88,9 +88,14 @@ class ClassificationTask(BaseTask):
         return ClassificationHead(self.backbone.embed_dim, self.num_classes, self.pool, self.head_drop_rate)
 
     def build_metrics(self) -> MetricCollection:
+        # micro: the fraction of images whose label is in the top k, as the papers report
+        # (torchmetrics' default "macro" would average per-class accuracies instead)
         top_k = {"acc1": 1, "acc5": 5}
         return MetricCollection(
-            {name: MulticlassAccuracy(self.num_classes, top_k=min(k, self.num_classes)) for name, k in top_k.items()}
+            {
+                name: MulticlassAccuracy(self.num_classes, top_k=min(k, self.num_classes), average="micro")
+                for name, k in top_k.items()
+            }
         )
 
     def forward_batch(self, batch: LabeledImages) -> ClassificationOutput:

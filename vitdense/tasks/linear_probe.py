@@ -63,9 +63,11 @@ class LinearProbeTask(BaseTask):
         self.cache_features = cache_features
         self.class_names = class_names
         super().__init__(backbone, optimizer, lr_scheduler)
+        if n_last_blocks > self.backbone.depth:
+            raise ValueError(f"n_last_blocks={n_last_blocks} exceeds the backbone's {self.backbone.depth} blocks")
         self.backbone.freeze()
         self.backbone.eval()
-        self._cache: dict[tuple[bool, int], torch.Tensor] = {}
+        self._cache: dict[tuple[str, int], torch.Tensor] = {}
         # which head validated best; a buffer, so that it travels in checkpoints
         self.register_buffer("best_head", torch.tensor(0), persistent=True)
 
@@ -75,7 +77,10 @@ class LinearProbeTask(BaseTask):
 
     def build_metrics(self) -> MetricCollection:
         return MetricCollection(
-            {f"acc1_lr{i}": MulticlassAccuracy(self.num_classes, top_k=1) for i in range(len(self.lrs))}
+            {
+                f"acc1_lr{i}": MulticlassAccuracy(self.num_classes, top_k=1, average="micro")
+                for i in range(len(self.lrs))
+            }
         )
 
     def train(self, mode: bool = True) -> LinearProbeTask:
@@ -101,13 +106,20 @@ class LinearProbeTask(BaseTask):
         indices = batch.index.tolist() if torch.is_tensor(batch.index) else [batch.index]
         if min(indices) < 0:
             raise ValueError("cache_features=True needs samples with an index (LabeledImages.index >= 0)")
-        keys = [(self.training, i) for i in indices]  # train and eval splits share indices
+        keys = [(self._cache_split(), i) for i in indices]  # splits share indices
         if all(k in self._cache for k in keys):
             features = torch.stack([self._cache[k] for k in keys]).to(self.device)
         else:
             features = self.extract(*self.batch_images(batch))
             self._cache.update(zip(keys, features.cpu(), strict=True))
         return self.classify(features)
+
+    def _cache_split(self) -> str:
+        """Which dataset a batch comes from: train, val (also during the sanity check), test, predict."""
+        if self._trainer is None:
+            return "train" if self.training else "eval"
+        stage = self.trainer.state.stage
+        return {"sanity_check": "validate"}.get(stage.value, stage.value) if stage is not None else "eval"
 
     def compute_loss(self, logits: torch.Tensor, batch: LabeledImages) -> torch.Tensor:
         # each head's gradient depends only on its own term: one sum trains them independently
