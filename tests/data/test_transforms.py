@@ -108,3 +108,17 @@ def test_workers_draw_different_augmentations():
     # batch_size=1: samples 0 and 1 come from workers 0 and 1, each one's first draw
     first, second, *_ = DataLoader(dataset, num_workers=2, worker_init_fn=seed_worker_transforms)
     assert not torch.equal(first, second)
+
+
+def test_augmentation_seed_differs_between_ranks(monkeypatch):
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from vitdense.data.transforms import process_seed
+
+    torch.manual_seed(0)
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    rank0 = process_seed()
+    monkeypatch.setattr(rank_zero_only, "rank", 1)
+    assert process_seed() != rank0  # same seed_everything, different crops per GPU
+    torch.manual_seed(0)
+    assert process_seed() == (0 + 1_000_003) % 2**32

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from vitdense.data.base import SplitsDataModule, check_train_size
 from vitdense.data.collate import segmentation_dataloader
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.transforms import decode_image, resolve_normalization
+from vitdense.data.transforms import decode_image, process_seed, resolve_normalization
 from vitdense.data.types import SegmentedImages
 from vitdense.errors import DataError
 
@@ -344,8 +344,8 @@ class SegmentationDataModule(SplitsDataModule):
             mean=self.mean,
             std=self.std,
         )
-        # albumentations ignores torch's seed; tie it to it so seed_everything reproduces the crops
-        transform.set_random_seed(torch.initial_seed() % 2**32)
+        # albumentations ignores torch's seed; tie it to it (and the rank) so seed_everything reproduces the crops
+        transform.set_random_seed(process_seed())
         return transform
 
     def eval_transforms(self) -> A.Compose:

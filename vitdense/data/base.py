@@ -8,12 +8,12 @@ from pathlib import Path
 
 import albumentations as A
 import lightning as L
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.transforms import (
     classification_eval_transforms,
     classification_train_transforms,
+    process_seed,
     resolve_normalization,
     seed_worker_transforms,
 )
@@ -108,8 +108,8 @@ class ClassificationDataModule(SplitsDataModule):
         transform = classification_train_transforms(
             self.img_size, self.mean, self.std, scale, color_jitter=color_jitter
         )
-        # albumentations ignores torch's seed; tie it to it so seed_everything reproduces the crops
-        transform.set_random_seed(torch.initial_seed() % 2**32)
+        # albumentations ignores torch's seed; tie it to it (and the rank) so seed_everything reproduces the crops
+        transform.set_random_seed(process_seed())
         return transform
 
     def eval_transforms(self, crop_pct: float) -> A.Compose:

@@ -18,6 +18,8 @@ import numpy as np
 import timm
 import torch
 from albumentations.pytorch import ToTensorV2
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -137,14 +139,23 @@ def decode_image(path: str | Path) -> np.ndarray:
         raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
 
 
+def process_seed() -> int:
+    """A seed for this process's augmentations: torch's seed (it follows `seed_everything`)
+    mixed with the global rank, so that the processes of a multi-GPU run draw different
+    crops instead of the same ones."""
+    return (torch.initial_seed() + 1_000_003 * (rank_zero_only.rank or 0)) % 2**32
+
+
 def seed_worker_transforms(worker_id: int) -> None:
     """DataLoader `worker_init_fn` that gives each worker its own albumentations random state.
 
     An albumentations `Compose` draws from its own generator, which every worker inherits
     unchanged from the main process: without this, all workers apply the same sequence of
-    crops and flips. torch's per-worker seed differs between workers and follows
-    `seed_everything`, so it seeds the dataset's `transform`.
+    crops and flips. Lightning's own worker seeding (torch, numpy, random per worker and
+    rank) runs first, as it would without a custom `worker_init_fn`; the dataset's
+    `transform` is then seeded from the resulting torch seed.
     """
+    pl_worker_init_function(worker_id)
     info = torch.utils.data.get_worker_info()
     transform = getattr(info.dataset, "transform", None) if info is not None else None
     if isinstance(transform, A.BaseCompose):
