@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from vitdense.data.base import image_dataloader
 from vitdense.data.transforms import normalization
 from vitdense.data.types import LabeledImages
 from vitdense.errors import DataError
@@ -131,15 +132,8 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         return SyntheticShapes(length, hp.img_size, hp.num_classes, hp.seed * 10 + offset, self.mean, self.std)
 
     def _loader(self, name: str, length: int, shuffle: bool) -> DataLoader:
-        hp = self.hparams
-        return DataLoader(
-            self._split(name, length),
-            batch_size=hp.batch_size,
-            shuffle=shuffle,
-            drop_last=shuffle,  # even, full training batches (Mixup pairs samples)
-            num_workers=hp.num_workers,
-            persistent_workers=hp.num_workers > 0,
-        )
+        # training drops the last partial batch: even, full batches (Mixup pairs samples)
+        return image_dataloader(self._split(name, length), self.hparams.batch_size, self.hparams.num_workers, shuffle)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", self.hparams.train_size, shuffle=True)
