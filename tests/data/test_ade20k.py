@@ -81,8 +81,8 @@ def test_reduce_zero_label_and_palette_png(ade):
         raw = torch.from_numpy(label_map(h, w, index).astype(np.int64))
         expected = torch.where(raw == 0, 255, raw - 1)  # 0 ("other") ignored, k -> k - 1
         assert sample.mask.dtype == torch.int64 and torch.equal(sample.mask, expected)
-        assert sample.mask_size == (h, w)
-        assert sample.image_size == tuple(sample.image.shape[-2:]) and min(sample.image_size) == 32
+        assert sample.mask_sizes == (h, w)
+        assert sample.image_sizes == tuple(sample.image.shape[-2:]) and min(sample.image_sizes) == 32
     # without reduction the label map is read as stored, palette indices included
     raw0 = dataset(ade, num_classes=5, reduce_zero_label=False)[0].mask
     assert torch.equal(raw0, torch.from_numpy(label_map(*SIZES["training"][0], 0).astype(np.int64)))
@@ -167,8 +167,8 @@ def test_datamodule_loaders(ade):
     assert set(batch.mask.unique().tolist()) <= {0, 1, 2, 3, 255}
     val = next(iter(dm.val_dataloader()))
     # 36x50 -> 32x44 and 52x40 -> 42x32: padded to 42x44; masks at their original 36x50 and 52x40
-    assert val.image_size.tolist() == [[32, 44], [42, 32]] and val.image.shape == (2, 3, 42, 44)
-    assert val.mask_size.tolist() == [[36, 50], [52, 40]] and val.mask.shape == (2, 52, 50)
+    assert val.image_sizes == ((32, 44), (42, 32)) and val.image.shape == (2, 3, 42, 44)
+    assert val.mask_sizes == ((36, 50), (52, 40)) and val.mask.shape == (2, 52, 50)
     assert val.pad_mask[0, 32:].all() and not val.pad_mask[0, :32, :44].any()
     assert (val.mask[0, 36:] == 255).all()
     dm.setup("predict")

@@ -12,7 +12,7 @@ from vitdense.data import SegmentedImages, pad_collate
 def sample(index, image_hw, mask_hw):
     image = torch.full((3, *image_hw), float(index + 1))
     mask = torch.full(mask_hw, index, dtype=torch.int64)
-    return SegmentedImages(image, mask, index, image_size=image_hw, mask_size=mask_hw)
+    return SegmentedImages(image, mask, index, image_sizes=image_hw, mask_sizes=mask_hw)
 
 
 def test_pads_images_and_masks_to_their_own_maxima():
@@ -23,8 +23,8 @@ def test_pads_images_and_masks_to_their_own_maxima():
     assert batch.image.shape == (3, 3, 5, 6) and batch.mask.shape == (3, 10, 12)
     assert batch.mask.dtype == torch.int64 and batch.pad_mask.dtype == torch.bool
     assert batch.index.tolist() == [0, 1, 2]
-    assert batch.image_size.tolist() == [[4, 6], [5, 3], [2, 2]] and batch.image_size.dtype == torch.int64
-    assert batch.mask_size.tolist() == [[8, 12], [10, 6], [3, 3]] and batch.mask_size.dtype == torch.int64
+    assert batch.image_sizes == ((4, 6), (5, 3), (2, 2))
+    assert batch.mask_sizes == ((8, 12), (10, 6), (3, 3))
     for i, s in enumerate(samples):
         h, w = s.image.shape[-2:]
         mh, mw = s.mask.shape

@@ -18,7 +18,7 @@ def test_samples_are_a_function_of_seed_and_index():
     assert isinstance(sample, SegmentedImages) and sample.index == 0
     assert sample.image.shape == (3, 64, 64) and sample.image.dtype == torch.float32
     assert sample.mask.shape == (64, 64) and sample.mask.dtype == torch.int64
-    assert sample.image_size == sample.mask_size == (64, 64)
+    assert sample.image_sizes == sample.mask_sizes == (64, 64)
 
 
 def test_label_maps_match_the_drawn_shapes():
@@ -61,9 +61,10 @@ def test_datamodule():
     assert len(train) == 4 and train[0].image.shape == (8, 3, 64, 64) and not train[0].pad_mask.any()
     val = next(iter(dm.val_dataloader()))
     # images resized to a short side of 64; labels at their drawn 48..80 px, rarely patch multiples
-    assert (val.image_size.min(1).values == 64).all()
-    assert val.mask_size.min() >= 48 and val.mask_size.max() <= 80
-    assert (val.mask_size % 16 != 0).any() and (val.image_size != val.mask_size).any()
+    image_sizes, mask_sizes = torch.tensor(val.image_sizes), torch.tensor(val.mask_sizes)
+    assert (image_sizes.min(1).values == 64).all()
+    assert mask_sizes.min() >= 48 and mask_sizes.max() <= 80
+    assert (mask_sizes % 16 != 0).any() and (image_sizes != mask_sizes).any()
     assert val.pad_mask.any()  # several aspect ratios in one batch
     assert set(val.mask.unique().tolist()) <= {0, 1, 2, 3, 255}
     # splits differ, and predict is the validation split

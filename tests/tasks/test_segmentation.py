@@ -2,7 +2,7 @@
 
 import torch
 
-from vitdense.data.types import SegmentedImages
+from vitdense.types import SegmentedImages
 from vitdense.tasks import BackboneConfig, SegmentationTask
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32)

@@ -20,7 +20,7 @@ from vitdense.data.transforms import (
     normalization,
     seed_worker_transforms,
 )
-from vitdense.data.types import LabeledImages, SegmentedImages
+from vitdense.types import LabeledImages, SegmentedImages
 
 __all__ = [
     "ADE20K_CLASSES",

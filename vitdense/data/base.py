@@ -17,6 +17,7 @@ from vitdense.data.transforms import (
     resolve_normalization,
     seed_worker_transforms,
 )
+from vitdense.data.collate import pad_collate
 from vitdense.errors import DataError
 
 Triple = tuple[float, float, float]
@@ -38,7 +39,7 @@ def image_dataloader(
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         worker_init_fn=seed_worker_transforms,
-        collate_fn=collate_fn,
+        collate_fn=collate_fn or pad_collate,
     )
 
 

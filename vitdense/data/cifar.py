@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdense.data.base import ClassificationDataModule, check_train_size
-from vitdense.data.types import LabeledImages
+from vitdense.types import LabeledImages
 from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Batching images of different sizes with their label maps, and loaders that do it."""
+"""One padding collate for every image batch: classification, segmentation (and detection)."""
 
 from __future__ import annotations
 
@@ -7,52 +7,60 @@ from functools import partial
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from vitdense.data.base import image_dataloader
-from vitdense.data.types import SegmentedImages
 from vitdense.errors import DataError
+from vitdense.types import LabeledImages, SegmentedImages
+
+Sample = LabeledImages | SegmentedImages
 
 
-def pad_collate(samples: list[SegmentedImages], ignore_index: int = 255) -> SegmentedImages:
-    """Pad a list of samples of different sizes into one `SegmentedImages` batch.
+def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
+    """Pad a list of samples of different sizes into one batch of the samples' own type.
 
     Images are zero-padded at the right and bottom to the largest height and width in the
-    batch (0 is the mean colour once normalised); label maps are padded the same way with
-    `ignore_index` to their own largest size, which differs from the images' when
-    evaluation keeps labels at the annotation's resolution. Padding to a multiple of the
-    patch size is left to the model, which knows the patch size.
+    batch (0 is the mean colour once normalised). `SegmentedImages` label maps are padded
+    the same way with `ignore_index` to their own largest size, which differs from the
+    images' when evaluation keeps labels at the annotation's resolution; `LabeledImages`
+    labels are stacked. Padding to a multiple of the patch size is left to the model, which
+    knows the patch size.
 
     Args:
-        samples: items with image [3, H_i, W_i] and mask [h_i, w_i] (int64).
+        samples: `LabeledImages` or `SegmentedImages` with image [3, H_i, W_i] (and mask
+            [h_i, w_i] int64).
         ignore_index: label of padded mask pixels.
 
     Returns:
-        image [B, 3, H, W]; mask [B, h, w] int64; index [B] int64; pad_mask [B, H, W] bool,
-        True on image padding; image_size [B, 2] and mask_size [B, 2] int64, the (H_i, W_i)
-        and (h_i, w_i) before padding.
+        image [B, 3, H, W]; index [B] int64; pad_mask [B, H, W] bool, True on image
+        padding; image_sizes, B pairs (H_i, W_i) of Python ints before padding; then
+        label [B] int64, or mask [B, h, w] int64 with mask_sizes (h_i, w_i).
     """
     if not samples:
         raise DataError("pad_collate got no samples; the loader's batch_size must be at least 1")
     images = [s.image for s in samples]
-    masks = [torch.as_tensor(s.mask, dtype=torch.int64) for s in samples]
-    image_size = torch.tensor([img.shape[-2:] for img in images], dtype=torch.int64)
-    mask_size = torch.tensor([m.shape[-2:] for m in masks], dtype=torch.int64)
-    height, width = image_size.max(0).values.tolist()
-    mask_height, mask_width = mask_size.max(0).values.tolist()
-
+    image_sizes = tuple((int(img.shape[-2]), int(img.shape[-1])) for img in images)
+    height, width = (max(s[d] for s in image_sizes) for d in (0, 1))
     batch = images[0].new_zeros((len(samples), images[0].shape[0], height, width))
     pad_mask = torch.ones((len(samples), height, width), dtype=torch.bool)
-    mask_batch = torch.full((len(samples), mask_height, mask_width), ignore_index, dtype=torch.int64)
-    for i, (img, mask) in enumerate(zip(images, masks, strict=True)):
-        h, w = img.shape[-2:]
+    for i, (img, (h, w)) in enumerate(zip(images, image_sizes, strict=True)):
         batch[i, :, :h, :w] = img
         pad_mask[i, :h, :w] = False
-        mask_batch[i, : mask.shape[0], : mask.shape[1]] = mask
     index = torch.tensor([int(s.index) for s in samples], dtype=torch.int64)
-    return SegmentedImages(batch, mask_batch, index, pad_mask, image_size, mask_size)
+    if isinstance(samples[0], LabeledImages):
+        label = torch.tensor([int(s.label) for s in samples], dtype=torch.int64)
+        return LabeledImages(batch, label, index, pad_mask, image_sizes)
+
+    masks = [torch.as_tensor(s.mask, dtype=torch.int64) for s in samples]
+    mask_sizes = tuple((int(m.shape[-2]), int(m.shape[-1])) for m in masks)
+    mask_height, mask_width = (max(s[d] for s in mask_sizes) for d in (0, 1))
+    mask_batch = torch.full((len(samples), mask_height, mask_width), ignore_index, dtype=torch.int64)
+    for i, mask in enumerate(masks):
+        mask_batch[i, : mask.shape[0], : mask.shape[1]] = mask
+    return SegmentedImages(batch, mask_batch, index, pad_mask, image_sizes, mask_sizes)
 
 
 def segmentation_dataloader(
     dataset: Dataset, batch_size: int, num_workers: int, train: bool, ignore_index: int = 255
 ) -> DataLoader:
     """Loader of padded `SegmentedImages` batches; training shuffles and drops the last partial batch."""
+    from vitdense.data.base import image_dataloader
+
     return image_dataloader(dataset, batch_size, num_workers, train, partial(pad_collate, ignore_index=ignore_index))

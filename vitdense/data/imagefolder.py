@@ -18,7 +18,7 @@ from vitdense.data.base import ClassificationDataModule, check_train_size
 from vitdense.data.transforms import (
     decode_image,
 )
-from vitdense.data.types import LabeledImages
+from vitdense.types import LabeledImages
 from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)

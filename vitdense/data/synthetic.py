@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.base import image_dataloader
 from vitdense.data.transforms import normalization
-from vitdense.data.types import LabeledImages
+from vitdense.types import LabeledImages
 from vitdense.errors import DataError
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")

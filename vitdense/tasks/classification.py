@@ -12,7 +12,7 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitdense.data.types import LabeledImages
+from vitdense.types import LabeledImages
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask

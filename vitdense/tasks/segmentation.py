@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MetricCollection
 
-from vitdense.data.types import SegmentedImages
+from vitdense.types import SegmentedImages
 from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
@@ -140,9 +140,9 @@ class SegmentationTask(BaseTask):
         """Per image, logits [1, K, h, w] at its label map's size, from sliding windows."""
         out = []
         for i in range(batch.image.shape[0]):
-            h, w = batch.image_size[i].tolist()
+            h, w = batch.image_sizes[i]
             image = batch.image[i : i + 1, :, :h, :w]
-            size = tuple(batch.mask_size[i].tolist())
+            size = tuple(batch.mask_sizes[i])
             out.append(
                 segment_image(
                     self, image, size, self.window, stride, self.num_classes, scales, flip, self.window_batch_size
@@ -158,7 +158,7 @@ class SegmentationTask(BaseTask):
             logits = self.segment(batch, self.test_stride, self.test_scales, self.test_flip)
         else:
             logits = self.segment(batch, self.val_stride, [1.0], False)
-        targets = [batch.mask[i : i + 1, :h, :w] for i, (h, w) in enumerate(batch.mask_size.tolist())]
+        targets = [batch.mask[i : i + 1, :h, :w] for i, (h, w) in enumerate(batch.mask_sizes)]
         return SegmentationOutput(logits, targets)
 
     # ------------------------------------------------------------------ loss and metrics
