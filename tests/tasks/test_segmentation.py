@@ -2,8 +2,8 @@
 
 import torch
 
-from vitdense.types import SegmentedImages
 from vitdense.tasks import BackboneConfig, SegmentationTask
+from vitdense.types import SegmentedImages
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32)
 

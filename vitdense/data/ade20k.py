@@ -29,8 +29,8 @@ from vitdense.data.base import SplitsDataModule, check_train_size
 from vitdense.data.collate import segmentation_dataloader
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.transforms import decode_image, process_seed, resolve_normalization
-from vitdense.types import SegmentedImages
 from vitdense.errors import DataError
+from vitdense.types import SegmentedImages
 
 _logger = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ import albumentations as A
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from vitdense.data.collate import pad_collate
 from vitdense.data.transforms import (
     classification_eval_transforms,
     classification_train_transforms,
@@ -17,7 +18,6 @@ from vitdense.data.transforms import (
     resolve_normalization,
     seed_worker_transforms,
 )
-from vitdense.data.collate import pad_collate
 from vitdense.errors import DataError
 
 Triple = tuple[float, float, float]

@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdense.data.base import ClassificationDataModule, check_train_size
-from vitdense.types import LabeledImages
 from vitdense.errors import DataError
+from vitdense.types import LabeledImages
 
 _logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from vitdense.data.base import ClassificationDataModule, check_train_size
 from vitdense.data.transforms import (
     decode_image,
 )
-from vitdense.types import LabeledImages
 from vitdense.errors import DataError
+from vitdense.types import LabeledImages
 
 _logger = logging.getLogger(__name__)
 

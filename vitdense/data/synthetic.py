@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.base import image_dataloader
 from vitdense.data.transforms import normalization
-from vitdense.types import LabeledImages
 from vitdense.errors import DataError
+from vitdense.types import LabeledImages
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")
 

@@ -19,8 +19,8 @@ from vitdense.data.collate import segmentation_dataloader
 from vitdense.data.seg_transforms import segmentation_eval_transforms
 from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
 from vitdense.data.transforms import normalization
-from vitdense.types import SegmentedImages
 from vitdense.errors import DataError
+from vitdense.types import SegmentedImages
 
 Triple = tuple[float, float, float]
 

@@ -12,10 +12,10 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitdense.types import LabeledImages
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask
+from vitdense.types import LabeledImages
 
 
 class ClassificationOutput(NamedTuple):

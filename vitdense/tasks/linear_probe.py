@@ -9,11 +9,11 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitdense.types import LabeledImages
 from vitdense.heads import LinearProbeHead, probe_features
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
 from vitdense.tasks.classification import ClassPrediction, top_k_prediction
+from vitdense.types import LabeledImages
 
 
 class LinearProbeTask(BaseTask):

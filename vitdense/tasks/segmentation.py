@@ -17,12 +17,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MetricCollection
 
-from vitdense.types import SegmentedImages
 from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
+from vitdense.types import SegmentedImages
 
 
 class SegmentationOutput(NamedTuple):
