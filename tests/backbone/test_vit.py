@@ -184,3 +184,20 @@ def test_mismatched_pad_mask_is_rejected():
 def test_out_of_range_block_index_is_refused():
     with pytest.raises(ValueError, match="block index 3 is out of range for depth 3"):
         tiny()(torch.randn(1, 3, 32, 32), intermediates=(3,))
+
+
+def test_image_sizes_give_the_same_features_as_the_pixel_mask():
+    from vitdense.backbone import create_backbone
+
+    bb = create_backbone("vit_tiny_patch16_224", img_size=64).eval()
+    images = torch.randn(2, 3, 70, 64)
+    pad_mask = torch.zeros(2, 70, 64, dtype=torch.bool)
+    pad_mask[1, 50:] = True
+    pad_mask[1, :, 40:] = True
+    with torch.no_grad():
+        from_mask = bb(images, pad_mask=pad_mask)
+        from_sizes = bb(images, image_sizes=[(70, 64), (50, 40)])
+    assert torch.equal(from_mask.padding_mask, from_sizes.padding_mask)
+    assert torch.equal(from_mask.patch_tokens, from_sizes.patch_tokens)
+    with pytest.raises(ValueError, match="image_sizes has 1 entries"):
+        bb(images, image_sizes=[(70, 64)])

@@ -335,18 +335,26 @@ class VisionTransformer(nn.Module):
         return {n for n, p in self.named_parameters() if n in tokens or p.ndim <= 1}
 
     # --------------------------------------------------------------------------- forward
-    def _token_grids(self, pad_mask: torch.Tensor | None, batch: int) -> list[GridSize] | None:
-        """Per-image token grids from a pixel padding mask [B, H, W] (True on padding).
+    def _token_grids(
+        self, pad_mask: torch.Tensor | None, image_sizes: Sequence[tuple[int, int]] | None, batch: int
+    ) -> list[GridSize] | None:
+        """Per-image token grids from each image's unpadded (H, W), or else from a pixel
+        padding mask [B, H, W] (True on padding).
 
         Images are assumed top-left aligned, padded right and bottom (as collate does).
+        Sizes given as Python ints cost nothing; a mask is read back to the host (on a GPU,
+        a synchronisation every step), so batches carry `image_sizes`.
         """
-        if pad_mask is None:
-            return None
-        if pad_mask.shape[0] != batch:
-            raise ValueError(f"pad_mask has batch {pad_mask.shape[0]}, images have {batch}")
-        valid = ~pad_mask
-        sizes = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], 1).tolist()
-        return [self.patch_embed.grid_for(h, w) for h, w in sizes]
+        if image_sizes is None:
+            if pad_mask is None:
+                return None
+            if pad_mask.shape[0] != batch:
+                raise ValueError(f"pad_mask has batch {pad_mask.shape[0]}, images have {batch}")
+            valid = ~pad_mask
+            image_sizes = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], 1).tolist()
+        if len(image_sizes) != batch:
+            raise ValueError(f"image_sizes has {len(image_sizes)} entries, images have {batch}")
+        return [self.patch_embed.grid_for(int(h), int(w)) for h, w in image_sizes]
 
     def _pos_embed(self, x: torch.Tensor, grids: list[GridSize] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Add position embeddings and prepend prefix tokens.
@@ -391,6 +399,7 @@ class VisionTransformer(nn.Module):
         pad_mask: torch.Tensor | None = None,
         intermediates: Sequence[int] = (),
         attentions: Sequence[int] = (),
+        image_sizes: Sequence[tuple[int, int]] | None = None,
     ) -> ViTFeatures:
         """Encode a batch.
 
@@ -399,8 +408,10 @@ class VisionTransformer(nn.Module):
             pad_mask: [B, H, W] bool, True on padding pixels; images top-left aligned.
             intermediates: block indices (negative from the end) whose raw outputs to return.
             attentions: block indices whose attention maps to return (computed unfused).
+            image_sizes: (H, W) of each image before padding, as Python ints; preferred
+                over `pad_mask` (which must then be read back from the device).
         """
-        grids = self._token_grids(pad_mask, x.shape[0])
+        grids = self._token_grids(pad_mask, image_sizes, x.shape[0])
         tokens = self.patch_embed(x)
         grid = (tokens.shape[1], tokens.shape[2])
         x, token_mask = self._pos_embed(tokens, grids)
