@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from vitdense.cli import main
+from vitdense.data import SyntheticClassificationDataModule
 
 DEMO = str(Path(__file__).parents[1] / "configs" / "demo_cls.yaml")
 
@@ -120,3 +121,16 @@ def test_data_error_at_setup_is_one_line(tmp_path, capsys, monkeypatch):
     err = run_error(args, capsys)
     last = err.strip().splitlines()[-1]
     assert last.startswith("vitdense: error: ") and "batch_size=64" in last and "Traceback" not in err
+
+
+class BuggyDataModule(SyntheticClassificationDataModule):
+    """A DataModule with a bug (not a user error): its ValueError must keep its traceback."""
+
+    def __init__(self, backbone: str | None = None) -> None:
+        super().__init__(backbone=backbone)
+        raise ValueError("a bug inside a class")
+
+
+def test_a_bug_keeps_its_traceback():
+    with pytest.raises(ValueError, match="a bug inside a class"):
+        main(["fit", "--config", DEMO, "--data=tests.test_cli.BuggyDataModule"])

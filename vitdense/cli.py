@@ -16,11 +16,13 @@ import lightning as L
 from lightning.pytorch.cli import LightningCLI
 
 from vitdense.backbone import CheckpointError
-from vitdense.errors import DataError
+from vitdense.errors import ConfigError, DataError
 from vitdense.tasks import BaseTask
+from vitdense.trainer import Trainer
 
-#: errors of the user's making (config, files, data) that deserve one line, not a traceback
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ValueError)
+#: errors of the user's making (config, files, data) that deserve one line, not a traceback;
+#: any other exception is a bug and keeps its traceback
+USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigError, DataError)
 
 
 class VitDenseCLI(LightningCLI):
@@ -33,19 +35,25 @@ class VitDenseCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except USER_ERRORS as err:
-            _exit_with(err)
+        except Exception as err:
+            if (user_error := _user_error(err)) is None:
+                raise
+            _exit_with(user_error)
 
 
-def _root_cause(err: BaseException) -> BaseException:
-    """The innermost exception: jsonargparse wraps instantiation errors in its own ValueError."""
-    while (inner := err.__cause__ or err.__context__) is not None and isinstance(inner, USER_ERRORS):
-        err = inner
-    return err
+def _user_error(err: BaseException) -> BaseException | None:
+    """The innermost error of the user's making in `err`'s chain (jsonargparse wraps what a
+    class raises while it is instantiated in its own ValueError), or None."""
+    found = None
+    while err is not None:
+        if isinstance(err, USER_ERRORS):
+            found = err
+        err = err.__cause__ or err.__context__
+    return found
 
 
-def _exit_with(err: Exception) -> None:
-    print(f"vitdense: error: {_root_cause(err)}", file=sys.stderr)
+def _exit_with(err: BaseException) -> None:
+    print(f"vitdense: error: {err}", file=sys.stderr)
     raise SystemExit(2) from err
 
 
@@ -57,8 +65,9 @@ def main(args: list[str] | None = None) -> VitDenseCLI:
             L.LightningDataModule,
             subclass_mode_model=True,
             subclass_mode_data=True,
+            trainer_class=Trainer,
             args=args,
             save_config_kwargs={"overwrite": True},
         )
-    except (FileNotFoundError, NotADirectoryError, CheckpointError, DataError) as err:  # e.g. bad data at setup
+    except USER_ERRORS as err:  # e.g. bad data at setup
         _exit_with(err)

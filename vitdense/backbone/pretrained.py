@@ -13,6 +13,7 @@ import difflib
 import logging
 import pickle
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -27,6 +28,7 @@ from torch import nn
 
 from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.backbone.vit import AttnImpl, VisionTransformer
+from vitdense.errors import ConfigError
 
 _logger = logging.getLogger(__name__)
 
@@ -46,15 +48,29 @@ def check_model_name(model_name: str) -> None:
         candidates = timm.list_models("*vit*") + timm.list_models("deit*")
         close = difflib.get_close_matches(arch, candidates, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else " See timm.list_models('vit_*')."
-        raise ValueError(f"unknown model name {model_name!r}.{hint}")
+        raise ConfigError(f"unknown model name {model_name!r}.{hint}")
 
 
-def _timm_reference(model_name: str, img_size: int | tuple[int, int] | None, device: str = "meta") -> nn.Module:
-    """timm's model for `model_name` without a head, on `device` ("meta": shapes only)."""
+def _timm_reference(
+    model_name: str,
+    img_size: int | tuple[int, int] | None,
+    device: str = "meta",
+    model_args: dict[str, Any] | None = None,
+) -> nn.Module:
+    """timm's model for `model_name` without a head, on `device` ("meta": shapes only).
+
+    `model_args` are timm's architecture overrides (`depth`, `patch_size`, `embed_dim`, ...),
+    passed to `timm.create_model` as timm's own `--model-kwargs` are.
+    """
     check_model_name(model_name)
-    kwargs = {"img_size": img_size} if img_size is not None else {}
+    kwargs = dict(model_args or {})
+    if img_size is not None:
+        kwargs["img_size"] = img_size
     with torch.device(device):
-        return timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
+        try:
+            return timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
+        except TypeError as err:  # an argument timm's constructor does not take
+            raise ConfigError(f"model_args {model_args} for {model_name!r}: {err}") from err
 
 
 def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
@@ -63,7 +79,7 @@ def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
     Raises ValueError naming every feature of `ref` that the plain ViT family lacks.
     """
     if not isinstance(ref, TimmVisionTransformer):
-        raise ValueError(f"{model_name!r} is a {type(ref).__name__}, not a plain Vision Transformer")
+        raise ConfigError(f"{model_name!r} is a {type(ref).__name__}, not a plain Vision Transformer")
     unsupported = []
     block = ref.blocks[0]
     if ref.pos_embed is None:
@@ -104,7 +120,7 @@ def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
     else:
         unsupported.append(f"{type(embed).__name__} patch embedding")
     if unsupported:
-        raise ValueError(f"{model_name!r} is outside vitdense's plain ViT family: {'; '.join(unsupported)}")
+        raise ConfigError(f"{model_name!r} is outside vitdense's plain ViT family: {'; '.join(unsupported)}")
     return dict(
         img_size=tuple(embed.img_size),
         patch_size=tuple(embed.patch_size),
@@ -207,6 +223,7 @@ def create_backbone(
     attn_drop_rate: float = 0.0,
     drop_path_rate: float = 0.0,
     attn_impl: AttnImpl = "auto",
+    model_args: dict[str, Any] | None = None,
 ) -> VisionTransformer:
     """A vitdense `VisionTransformer` with the architecture of timm's `model_name`.
 
@@ -221,10 +238,12 @@ def create_backbone(
             loading. Defaults to the pretrained config's input size. Any other size still
             works at run time (the table is resampled per grid).
         drop_rate, attn_drop_rate, drop_path_rate, attn_impl: see `VisionTransformer`.
+        model_args: timm architecture overrides, e.g. `{"depth": 6, "patch_size": 8}` for a
+            smaller model trained from scratch; pretrained weights must still fit them.
     """
     if pretrained and checkpoint is not None:
-        raise ValueError("create_backbone: give either pretrained=True or checkpoint=..., not both")
-    ref = _timm_reference(model_name, img_size)
+        raise ConfigError("create_backbone: give either pretrained=True or checkpoint=..., not both")
+    ref = _timm_reference(model_name, img_size, model_args=model_args)
     model = VisionTransformer(
         **arch_from_timm(ref, model_name),
         drop_rate=drop_rate,
@@ -235,7 +254,9 @@ def create_backbone(
     model.pretrained_cfg = dict(ref.pretrained_cfg)
     if pretrained:
         try:
-            timm_model = timm.create_model(model_name, pretrained=True, num_classes=0, img_size=model.img_size)
+            timm_model = timm.create_model(
+                model_name, pretrained=True, num_classes=0, img_size=model.img_size, **(model_args or {})
+            )
         except Exception as err:
             raise RuntimeError(
                 f"could not fetch pretrained weights for {model_name!r} ({err}). Offline? Download them "
@@ -248,7 +269,7 @@ def create_backbone(
             if not path.is_file():
                 raise FileNotFoundError(f"checkpoint {path} does not exist")
             # timm's converter for the JAX layouts (original ViT, big_vision, hybrids)
-            timm_model = _timm_reference(model_name, model.img_size, device="cpu")
+            timm_model = _timm_reference(model_name, model.img_size, device="cpu", model_args=model_args)
             timm_model.load_pretrained(str(path))
             state_dict = timm_model.state_dict()
         else:

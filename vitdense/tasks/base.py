@@ -40,6 +40,8 @@ class BackboneConfig:
         grad_checkpointing: recompute activations in backward to save memory.
         lr_scale: learning-rate multiplier of the whole encoder.
         layer_decay: layer-wise learning-rate decay (1 = off).
+        model_args: timm architecture overrides for a model trained from scratch, e.g.
+            `{depth: 6, patch_size: 8}` (timm's `create_model` keyword arguments).
     """
 
     name: str = "vit_tiny_patch16_224"
@@ -52,10 +54,16 @@ class BackboneConfig:
     grad_checkpointing: bool = False
     lr_scale: float = 1.0
     layer_decay: float = 1.0
+    model_args: dict[str, Any] | None = None
 
     def build(self) -> VisionTransformer:
         backbone = create_backbone(
-            self.name, self.pretrained, self.checkpoint, self.img_size, drop_path_rate=self.drop_path_rate
+            self.name,
+            self.pretrained,
+            self.checkpoint,
+            self.img_size,
+            drop_path_rate=self.drop_path_rate,
+            model_args=self.model_args,
         )
         backbone.set_grad_checkpointing(self.grad_checkpointing)
         if self.freeze:
