@@ -6,21 +6,29 @@ import math
 from functools import partial
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from vitdense.backbone import VisionTransformer
+from vitdense.errors import ConfigError
 
 
-class WarmupCosineLR(LambdaLR):
-    """Linear warmup from 0, then cosine decay to `min_lr_ratio` x the base rate; stepped per
-    iteration (the paper's fine-tuning schedule, appendix B.1.1).
+class WarmupSchedule(LambdaLR):
+    """Linear warmup from 0 to the base rate, then a decay over the rest of the run.
+
+    Lengths count the unit the task steps the schedule in (`BaseTask.lr_interval`: optimizer
+    steps by default, or epochs). Left unset, `total_steps` is the trainer's whole run, and
+    a warmup given in epochs is converted with the trainer's steps per epoch — so recipes
+    written in epochs (MAE's 10 warmup epochs) survive a change of devices, batch size or
+    gradient accumulation. `BaseTask.configure_optimizers` calls `resolve` before the
+    first step; built by hand, pass `total_steps` and `warmup_steps`.
 
     Args:
-        warmup_steps: iterations of linear warmup.
-        total_steps: iterations of the whole run; None lets `BaseTask` fill in the trainer's
-            `estimated_stepping_batches` before the first step.
+        warmup_steps: warmup length in schedule units (steps or epochs).
+        total_steps: the whole schedule's length in schedule units; None: the trainer's.
         min_lr_ratio: final learning rate as a fraction of the base rate.
+        warmup_epochs: warmup length in epochs (may be fractional); adds to `warmup_steps`.
     """
 
     def __init__(
@@ -29,19 +37,84 @@ class WarmupCosineLR(LambdaLR):
         warmup_steps: int = 0,
         total_steps: int | None = None,
         min_lr_ratio: float = 0.0,
+        warmup_epochs: float = 0.0,
     ) -> None:
+        if warmup_steps < 0 or warmup_epochs < 0:
+            raise ConfigError(f"warmup_steps={warmup_steps}, warmup_epochs={warmup_epochs}: must not be negative")
         self.warmup_steps = warmup_steps
+        self.warmup_epochs = warmup_epochs
         self.total_steps = total_steps
         self.min_lr_ratio = min_lr_ratio
+        # epochs in schedule units; unknown (warmup_epochs ignored) until `resolve`
+        self._units_per_epoch: float | None = None
         super().__init__(optimizer, self._factor)
 
+    @property
+    def warmup(self) -> int:
+        """Warmup length in schedule units, epochs converted."""
+        epochs = round(self.warmup_epochs * self._units_per_epoch) if self._units_per_epoch else 0
+        return self.warmup_steps + epochs
+
+    def resolve(self, total: int, units_per_epoch: float) -> None:
+        """Fill in the trainer's run length (if unset) and the length of an epoch, both in
+        schedule units, and set the learning rate of the first step accordingly."""
+        if self.total_steps is None:
+            self.total_steps = total
+        self._units_per_epoch = units_per_epoch
+        if self.warmup_epochs and not units_per_epoch:
+            raise ConfigError("warmup_epochs needs the trainer's steps per epoch; give warmup_steps instead")
+        if self.warmup >= self.total_steps > 0:  # fine for a smoke test, a mistake for a recipe: say it
+            rank_zero_warn(f"the warmup ({self.warmup}) is as long as the whole schedule ({self.total_steps})")
+        # the constructor already set the rate of step 0 without knowing these
+        self._last_lr = [base * self._factor(self.last_epoch) for base in self.base_lrs]
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
+            group["lr"] = lr
+
+    def decay(self, progress: float) -> float:
+        """Factor at `progress` in [0, 1] of the decay phase (1 at its start)."""
+        raise NotImplementedError
+
     def _factor(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
+        warmup = self.warmup
+        if step < warmup:
+            return (step + 1) / warmup
         if self.total_steps is None:
             return 1.0
-        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        progress = min(1.0, (step - warmup) / max(1, self.total_steps - warmup))
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * self.decay(progress)
+
+
+class WarmupCosineLR(WarmupSchedule):
+    """Warmup, then cosine decay to `min_lr_ratio` x the base rate (the ViT paper's
+    fine-tuning schedule, appendix B.1.1; MAE's)."""
+
+    def decay(self, progress: float) -> float:
+        return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class WarmupPolyLR(WarmupSchedule):
+    """Warmup, then polynomial decay `(1 - progress) ** power` (Segmenter's and mmseg's
+    "poly" schedule with power 0.9).
+
+    Args:
+        power: exponent of the decay.
+        (the rest: see `WarmupSchedule`)
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        power: float = 0.9,
+        warmup_steps: int = 0,
+        total_steps: int | None = None,
+        min_lr_ratio: float = 0.0,
+        warmup_epochs: float = 0.0,
+    ) -> None:
+        self.power = power
+        super().__init__(optimizer, warmup_steps, total_steps, min_lr_ratio, warmup_epochs)
+
+    def decay(self, progress: float) -> float:
+        return (1 - progress) ** self.power
 
 
 def param_groups(

@@ -36,6 +36,7 @@ def test_demo_config_fits_through_the_cli(tmp_path):
     cli = main(["fit", "--config", str(cfg), "--trainer.fast_dev_run=2", f"--trainer.default_root_dir={tmp_path}"])
     model = cli.model
     assert isinstance(model, ClassificationTask)
+    assert isinstance(model.head, ClassificationHead) and model.head.pool == "avg"  # injected from YAML
     assert model.num_classes == yaml.safe_load(cfg.read_text())["data"]["init_args"]["num_classes"]  # linked
     assert cli.trainer.global_step == 2
     assert "train/loss_step" in cli.trainer.logged_metrics and "val/acc1" in cli.trainer.logged_metrics
@@ -54,15 +55,16 @@ def test_mixup_trains_on_soft_targets_like_timm():
     torch.nn.init.normal_(task.head.fc.weight, std=0.1)
     batch = LabeledImages(torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3]), torch.arange(4))
     torch.manual_seed(1)
-    out = task.forward_batch(batch)
+    out = task.forward_batch(batch, "train")
     assert out.soft_targets.shape == (4, 4)
     torch.testing.assert_close(out.soft_targets.sum(-1), torch.ones(4))
     assert (out.soft_targets.max(-1).values < 1).all()  # smoothed and/or mixed, never one-hot
-    torch.testing.assert_close(task.compute_loss(out, batch), SoftTargetCrossEntropy()(out.logits, out.soft_targets))
-    task.eval()
-    assert task.forward_batch(batch).soft_targets is None  # evaluation sees plain labels
+    expected = SoftTargetCrossEntropy()(out.logits, out.soft_targets)
+    torch.testing.assert_close(task.compute_loss(out, batch, "train").total, expected)
+    assert task.forward_batch(batch, "val").soft_targets is None  # evaluation sees plain labels, whatever the mode
+    odd = LabeledImages(torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2]), torch.arange(3))
     with pytest.raises(ValueError, match="even batch size"):
-        task.train().forward_batch(LabeledImages(torch.randn(3, 3, 32, 32), torch.tensor([0, 1, 2]), torch.arange(3)))
+        task.forward_batch(odd, "train")
 
 
 def test_checkpoint_reloads_with_load_from_checkpoint(tmp_path):

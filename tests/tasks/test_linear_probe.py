@@ -92,4 +92,4 @@ def test_cached_features_are_kept_per_split():
     before = len(calls)
     trainer.test(task, datamodule=data, verbose=False)
     assert len(calls) == before + 1  # the test images (same indices as val) get their own features
-    assert {split for split, _ in task._cache} == {"train", "validate", "test"}
+    assert {split for split, _ in task._cache} == {"train", "val", "test"}

@@ -2,6 +2,7 @@
 
 import torch
 
+from vitdense.heads import LinearDecoder
 from vitdense.tasks import BackboneConfig, SegmentationTask
 from vitdense.types import SegmentedImages
 
@@ -21,15 +22,15 @@ def batch(sizes, mask_sizes=None, k=3):
         images[i, :, :ih, :iw] = torch.randn(3, ih, iw)
         pad[i, :ih, :iw] = False
         masks[i, :th, :tw] = torch.randint(0, k, (th, tw))
-    return SegmentedImages(images, masks, torch.arange(len(sizes)), pad, torch.tensor(sizes), torch.tensor(mask_sizes))
+    return SegmentedImages(images, masks, torch.arange(len(sizes)), pad, tuple(sizes), tuple(mask_sizes))
 
 
 def test_training_step_is_pixel_cross_entropy_ignoring_255():
     task = SegmentationTask(num_classes=3, backbone=TINY).train()
     b = batch([(32, 32), (32, 32)])
-    out = task.forward_batch(b)
+    out = task.forward_batch(b, "train")
     assert out.logits[0].shape == (2, 3, 32, 32)
-    loss = task.compute_loss(out, b)
+    loss = task.compute_loss(out, b, "train").total
     expected = torch.nn.functional.cross_entropy(out.logits[0], b.mask, ignore_index=255)
     torch.testing.assert_close(loss, expected)
     loss.backward()
@@ -37,17 +38,17 @@ def test_training_step_is_pixel_cross_entropy_ignoring_255():
 
 
 def test_evaluation_scores_each_image_at_its_label_size():
-    task = SegmentationTask(num_classes=3, decoder="linear", backbone=TINY, window=64).eval()
+    task = SegmentationTask(num_classes=3, head=LinearDecoder, backbone=TINY, window=64).eval()
     b = batch([(45, 37), (30, 50)], mask_sizes=[(90, 74), (15, 25)])
     with torch.no_grad():
-        out = task.forward_batch(b)
+        out = task.forward_batch(b, "val")
         assert [tuple(x.shape) for x in out.logits] == [(1, 3, 90, 74), (1, 3, 15, 25)]
         assert [tuple(t.shape) for t in out.targets] == [(1, 90, 74), (1, 15, 25)]
         # one window over a whole small image is the plain forward, resized to the label
         alone = task(b.image[1:, :, :30, :50])
         resized = torch.nn.functional.interpolate(alone, size=(15, 25), mode="bilinear", align_corners=False)
         torch.testing.assert_close(out.logits[1], resized)
-    task.update_metrics(task.val_metrics, out, b)
+    task.update_metrics(task.val_metrics, out, b, "val")
     labelled = sum(int((t != 255).sum()) for t in out.targets)
     assert int(task.val_metrics["seg"].confmat.sum()) == labelled
 
@@ -56,6 +57,19 @@ def test_class_weights_follow_torch_weighted_mean():
     weights = [1.0, 2.0, 0.5]
     task = SegmentationTask(num_classes=3, backbone=TINY, class_weights=weights).train()
     b = batch([(32, 32)])
-    out = task.forward_batch(b)
+    out = task.forward_batch(b, "train")
     expected = torch.nn.functional.cross_entropy(out.logits[0], b.mask, weight=torch.tensor(weights), ignore_index=255)
-    torch.testing.assert_close(task.compute_loss(out, b), expected)
+    torch.testing.assert_close(task.compute_loss(out, b, "train").total, expected)
+
+
+def test_the_stage_argument_picks_crops_validation_windows_or_test_windows(monkeypatch):
+    # the module's train/eval mode must not matter: only the stage does
+    task = SegmentationTask(num_classes=3, backbone=TINY, window=32, test_scales=[1.0, 0.5], test_flip=True).eval()
+    calls = []
+    monkeypatch.setattr(task, "segment", lambda b, stride, scales, flip: calls.append((stride, scales, flip)) or [])
+    b = batch([(32, 32)])
+    with torch.no_grad():
+        assert task.forward_batch(b, "train").logits[0].shape == (1, 3, 32, 32)
+        for stage in ("val", "test", "predict"):
+            task.forward_batch(b, stage)
+    assert calls == [(32, [1.0], False), (30, [1.0, 0.5], True), (30, [1.0, 0.5], True)]

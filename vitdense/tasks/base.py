@@ -1,27 +1,86 @@
 """BaseTask: a backbone, a head, a loss and per-stage metrics glued into a LightningModule.
 
-A task subclass says what is task-specific by overriding four small hooks:
-`build_head`, `build_metrics`, `compute_loss` and `update_metrics` (and `forward` if its
-head needs more than the features). Everything else — building the backbone from a timm
-name or a file, freezing, parameter groups, the optimizer and per-iteration schedule, the
-shared train/val/test step and logging — lives here once.
+A task subclass builds its head (from an injected factory) and its metrics in `__init__`
+after `super().__init__()`, and says what is task-specific through a few hooks, each told
+the stage ("train", "val", "test", "predict") rather than reading it off the trainer:
+
+    forward_batch(batch, stage)                  -> task output (a NamedTuple)
+    compute_loss(output, batch, stage)           -> Losses(total, terms)
+    update_metrics(metrics, output, batch, stage)
+    summarize(result, stage)                     -> {name: scalar} logged once per epoch
+    format_table(result, stage)                  -> optional text table for the log
+
+Everything else — building the backbone from a timm name or a file, freezing, parameter
+groups, the optimizer and its schedule (per step or per epoch, lengths from the trainer),
+the shared step, logging every loss term, computing, logging and resetting metrics at
+epoch end — lives here once.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer, create_backbone
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, WarmupCosineLR, param_groups
+from vitdense.errors import ConfigError
+from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, WarmupSchedule, param_groups
+from vitdense.types import Losses
 
-Stage = Literal["train", "val", "test"]
+Stage = Literal["train", "val", "test", "predict"]
+
+#: a head from the backbone's width D and the number of classes K: `head(embed_dim, num_classes)`;
+#: in YAML a `class_path` (+ `init_args` for everything but those two), e.g. vitdense.heads.LinearDecoder
+HeadFactory = Callable[[int, int], nn.Module]
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head factory as plain data, so that checkpoints rebuild the head they were trained
+    with (`load_from_checkpoint`, also under `torch.load(weights_only=True)`).
+
+    `HeadSpec("vitdense.heads.ClassificationHead", {"pool": "avg"})(192, 10)` builds
+    `ClassificationHead(192, 10, pool="avg")`.
+    """
+
+    class_path: str
+    init_args: dict[str, Any]
+
+    def __call__(self, embed_dim: int, num_classes: int) -> nn.Module:
+        module, _, name = self.class_path.rpartition(".")
+        return getattr(importlib.import_module(module), name)(embed_dim, num_classes, **self.init_args)
+
+    @classmethod
+    def of(cls, factory: HeadFactory) -> HeadSpec | None:
+        """The spec of a head class, or of a `functools.partial` of one (what `partial(...)`
+        defaults and jsonargparse's `class_path`/`init_args` produce); None for other callables."""
+        if isinstance(factory, HeadSpec):
+            return factory
+        func, args, kwargs = (
+            (factory.func, factory.args, factory.keywords)
+            if isinstance(factory, partial)
+            else (
+                factory,
+                (),
+                {},
+            )
+        )
+        # jsonargparse wraps the class: partial(call_without_instantiate_context, instantiator, cls, **init_args)
+        classes = [c for c in (func, *args) if inspect.isclass(c) and issubclass(c, nn.Module)]
+        if len(classes) != 1 or (args and args[-1] is not classes[0]):
+            return None
+        return cls(f"{classes[0].__module__}.{classes[0].__qualname__}", dict(kwargs))
 
 
 @dataclass(frozen=True)
@@ -75,7 +134,7 @@ class BackboneConfig:
 
 DEFAULT_BACKBONE = BackboneConfig()
 # checkpoints carry it in their hyperparameters; torch.load(weights_only=True) must accept it
-torch.serialization.add_safe_globals([BackboneConfig])
+torch.serialization.add_safe_globals([BackboneConfig, HeadSpec])
 
 
 class BaseTask(L.LightningModule):
@@ -84,56 +143,88 @@ class BaseTask(L.LightningModule):
     Args:
         backbone: how to build and train the encoder (`BackboneConfig`).
         optimizer: callable making the optimizer from parameter groups (YAML: class_path).
-        lr_scheduler: callable making the per-iteration schedule from the optimizer;
-            `WarmupCosineLR` with total_steps None runs for the whole training.
+        lr_scheduler: callable making the schedule from the optimizer; a `WarmupSchedule`
+            (`WarmupCosineLR`, `WarmupPolyLR`) left without a length runs for the whole
+            training, and its warmup may be given in epochs.
+        lr_interval: step the schedule every optimizer "step" or every "epoch" (lengths and
+            warmups of a `WarmupSchedule` are then counted in that unit).
     """
 
     #: metric that model selection and checkpointing watch, and in which direction
-    monitor: str = "val/loss"
-    mode: Literal["min", "max"] = "min"
+    monitor: ClassVar[str] = "val/loss"
+    mode: ClassVar[Literal["min", "max"]] = "min"
+    #: also update and log the metrics on training batches (off: evaluation metrics only)
+    log_train_metrics: ClassVar[bool] = False
 
     def __init__(
         self,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
         super().__init__()
         # callables from YAML need not pickle; the CLI's saved config.yaml records them
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
+        self.lr_interval = lr_interval
         self.backbone_config = backbone
         self.backbone: VisionTransformer = backbone.build()
-        self.head = self.build_head()
-        metrics = self.build_metrics()
+        self.head: nn.Module = nn.Identity()  # the subclass builds its head
+        self.set_metrics(MetricCollection({}))
+
+    def set_head(self, head: HeadFactory, in_features: int, num_classes: int, copies: int | None = None) -> None:
+        """Build the head (`copies` of it in an `nn.ModuleList`, if given), and record its
+        factory as a `HeadSpec` in the hyperparameters so that a checkpoint rebuilds the same
+        head (a factory that is not a class or a partial of one cannot be recorded:
+        `load_from_checkpoint` then needs `head=` again)."""
+        if copies is None:
+            self.head = head(in_features, num_classes)
+        else:
+            self.head = nn.ModuleList(head(in_features, num_classes) for _ in range(copies))
+        spec = HeadSpec.of(head)
+        if spec is None:
+            rank_zero_warn(f"head {head!r} is not a class or a partial of one; pass head= to load_from_checkpoint")
+            self.hparams.pop("head", None)
+        else:
+            self.hparams["head"] = spec
+
+    def set_metrics(self, metrics: MetricCollection) -> None:
+        """One copy of `metrics` per stage, prefixed `train/`, `val/`, `test/`."""
         self.train_metrics = metrics.clone(prefix="train/")
         self.val_metrics = metrics.clone(prefix="val/")
         self.test_metrics = metrics.clone(prefix="test/")
 
     # ------------------------------------------------------------------ hooks to override
-    def build_head(self) -> nn.Module:
+    def forward_batch(self, batch: Any, stage: Stage) -> Any:
+        """Task output for a batch (override to use more of the batch than its images, or
+        to behave differently per stage)."""
+        return self(batch.image, image_sizes=getattr(batch, "image_sizes", None))
+
+    def compute_loss(self, output: Any, batch: Any, stage: Stage) -> Losses:
         raise NotImplementedError
 
-    def build_metrics(self) -> MetricCollection:
-        raise NotImplementedError
+    def update_metrics(self, metrics: MetricCollection, output: Any, batch: Any, stage: Stage) -> None:
+        """Update this stage's metrics with a batch (computed once, at epoch end)."""
 
-    def compute_loss(self, output: Any, batch: Any) -> torch.Tensor:
-        raise NotImplementedError
+    def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
+        """Scalars to log from a stage's computed metrics (`result`: the collection's
+        `compute()`, keys prefixed `{stage}/`). Default: every 0-d value; override to reduce
+        tables (per-class IoU, per-class AP, one accuracy per head) to scalars."""
+        return {k: v for k, v in result.items() if torch.is_tensor(v) and v.ndim == 0}
 
-    def update_metrics(self, metrics: MetricCollection, output: Any, batch: Any) -> None:
-        raise NotImplementedError
+    def format_table(self, result: dict[str, Any], stage: Stage) -> str | None:
+        """A text table of the epoch's results for the log (val and test), or None."""
+        return None
 
-    def batch_images(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(images [B, C, H, W], pixel padding mask [B, H, W] or None) of a batch."""
-        return batch.image, getattr(batch, "pad_mask", None)
-
-    def forward(self, images: torch.Tensor, pad_mask: torch.Tensor | None = None) -> Any:
-        return self.head(self.backbone(images, pad_mask=pad_mask))
-
-    def forward_batch(self, batch: Any) -> Any:
-        """Task output for a batch (override to use more of the batch than its images)."""
-        return self(*self.batch_images(batch))
+    def forward(
+        self,
+        images: torch.Tensor,
+        pad_mask: torch.Tensor | None = None,
+        image_sizes: tuple[tuple[int, int], ...] | None = None,
+    ) -> Any:
+        return self.head(self.backbone(images, pad_mask=pad_mask, image_sizes=image_sizes))
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""
@@ -141,30 +232,40 @@ class BaseTask(L.LightningModule):
         return param_groups(self.backbone, self.head, cfg.lr_scale, cfg.layer_decay)
 
     # ------------------------------------------------------------------------ the loop
+    def metrics_of(self, stage: Stage) -> MetricCollection | None:
+        """The stage's metric collection, or None where the stage keeps none."""
+        if stage == "train" and not self.log_train_metrics:
+            return None
+        return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}.get(stage)
+
     def _shared_step(self, batch: Any, stage: Stage) -> torch.Tensor:
-        output = self.forward_batch(batch)
-        loss = self.compute_loss(output, batch)
-        metrics: MetricCollection = getattr(self, f"{stage}_metrics")
-        self.update_metrics(metrics, output, batch)
-        batch_size = self.batch_images(batch)[0].shape[0]
+        output = self.forward_batch(batch, stage)
+        losses = self.compute_loss(output, batch, stage)
+        metrics = self.metrics_of(stage)
+        if metrics is not None:
+            self.update_metrics(metrics, output, batch, stage)
         train = stage == "train"
         # epoch-level evaluation losses are averaged over processes; training logs stay per rank (no sync per step)
-        self.log(
-            f"{stage}/loss",
-            loss,
-            prog_bar=True,
-            on_step=train,
-            on_epoch=True,
-            batch_size=batch_size,
-            sync_dist=not train,
-        )
-        self.log_metrics(metrics, stage, batch_size)
-        return loss
+        log = dict(on_step=train, on_epoch=True, batch_size=batch.image.shape[0], sync_dist=not train)
+        self.log(f"{stage}/loss", losses.total, prog_bar=True, **log)
+        for name, value in losses.terms.items():
+            self.log(f"{stage}/{name}", value, **log)
+        return losses.total
 
-    def log_metrics(self, metrics: MetricCollection, stage: Stage, batch_size: int) -> None:
-        """Log a stage's metrics after each step's update (override for non-scalar metrics)."""
-        # logging the collection object lets Lightning compute and reset it once per epoch
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=batch_size)
+    def _end_epoch(self, stage: Stage) -> None:
+        """Compute, log and reset a stage's metrics once per epoch."""
+        metrics = self.metrics_of(stage)
+        if metrics is None or not metrics:
+            return
+        result = metrics.compute()  # synchronised across processes by torchmetrics
+        scalars = self.summarize(result, stage)
+        for name, value in scalars.items():
+            # identical on every rank already: sync_dist averages equal numbers (and silences Lightning)
+            self.log(name, value.float(), prog_bar=name == self.monitor, sync_dist=True)
+        table = self.format_table(result, stage)
+        if table and stage != "train" and not self.trainer.sanity_checking:
+            rank_zero_info(table)
+        metrics.reset()
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self._shared_step(batch, "train")
@@ -175,16 +276,40 @@ class BaseTask(L.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._shared_step(batch, "test")
 
+    def on_train_epoch_end(self) -> None:
+        self._end_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._end_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._end_epoch("test")
+
     # ------------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict:
         optimizer = self.optimizer(self.param_groups())
         for group in optimizer.param_groups:
             group["lr"] *= group.get("lr_scale", 1.0)
         scheduler = self.lr_scheduler(optimizer)
-        if isinstance(scheduler, WarmupCosineLR) and scheduler.total_steps is None:
-            scheduler.total_steps = int(self.trainer.estimated_stepping_batches)
-        # schedules step per iteration, except a plateau schedule, which watches the
-        # validation metric once it exists and counts its patience in epochs
+        # a plateau schedule watches the validation metric once it exists and counts its patience in epochs
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        schedule = {"scheduler": scheduler, "interval": "epoch" if plateau else "step", "monitor": self.monitor}
-        return {"optimizer": optimizer, "lr_scheduler": schedule}
+        interval = "epoch" if plateau else self.lr_interval
+        if isinstance(scheduler, WarmupSchedule):
+            scheduler.resolve(*self._schedule_units(interval))
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": interval, "monitor": self.monitor},
+        }
+
+    def _schedule_units(self, interval: str) -> tuple[int, float]:
+        """(schedule length, schedule units per epoch) in the unit the schedule steps in."""
+        trainer = self.trainer
+        if interval == "epoch":
+            if trainer.max_epochs is None or trainer.max_epochs < 0:
+                raise ConfigError("lr_interval: epoch needs trainer.max_epochs (the schedule's length in epochs)")
+            return trainer.max_epochs, 1.0
+        total = int(trainer.estimated_stepping_batches)
+        if math.isinf(trainer.num_training_batches):  # max_steps alone does not load the train loader
+            trainer.fit_loop.setup_data()
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        return total, float(per_epoch)

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from functools import partial
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from timm.data import Mixup
-from torch import nn
+from timm.loss import SoftTargetCrossEntropy
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitdense.errors import ConfigError
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask
-from vitdense.types import LabeledImages
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages, Losses
 
-
-class ClassificationOutput(NamedTuple):
-    """logits [B, K]; soft_targets [B, K] when Mixup/CutMix mixed the batch, else None."""
-
-    logits: torch.Tensor
-    soft_targets: torch.Tensor | None
-
-
-class ClassPrediction(NamedTuple):
-    """Top-k classes of each image: index [B] (in its dataset), probs and classes [B, k]."""
-
-    index: torch.Tensor
-    probs: torch.Tensor
-    classes: torch.Tensor
+#: the paper's head: zero-initialised linear layer on the class token
+DEFAULT_CLASSIFICATION_HEAD = partial(ClassificationHead, pool="token")
 
 
 def top_k_prediction(logits: torch.Tensor, index: torch.Tensor, k: int = 5) -> ClassPrediction:
@@ -38,14 +28,23 @@ def top_k_prediction(logits: torch.Tensor, index: torch.Tensor, k: int = 5) -> C
     return ClassPrediction(index, probs, classes)
 
 
+def accuracy_metrics(num_classes: int) -> MetricCollection:
+    """Top-1 and top-5 accuracy, micro: the fraction of images whose label is in the top k,
+    as the papers report (torchmetrics' default "macro" averages per-class accuracies)."""
+    top_k = {"acc1": 1, "acc5": 5}
+    return MetricCollection(
+        {name: MulticlassAccuracy(num_classes, top_k=min(k, num_classes), average="micro") for name, k in top_k.items()}
+    )
+
+
 class ClassificationTask(BaseTask):
-    """Fine-tune a ViT with a (zero-initialised) linear head on the class token or the mean
-    patch token. Logs `{stage}/loss`, `{stage}/acc1` and `{stage}/acc5`.
+    """Fine-tune a ViT with a classification head. Logs `{stage}/loss`, `{stage}/acc1` and
+    `{stage}/acc5` (training accuracy too).
 
     Args:
         num_classes: K (linked from the DataModule by the CLI).
-        pool: "token" or "avg" (see `ClassificationHead`).
-        head_drop_rate: dropout before the classifier.
+        head: `head(embed_dim, num_classes)`; default `ClassificationHead` on the class token
+            (YAML: `class_path: vitdense.heads.ClassificationHead`, `init_args: {pool: avg, drop_rate: 0.1}`).
         label_smoothing: cross-entropy label smoothing.
         mixup_alpha, cutmix_alpha: timm's Mixup/CutMix on training batches (0 = off); the
             loss then becomes soft-target cross-entropy (smoothing folded into the targets).
@@ -53,14 +52,14 @@ class ClassificationTask(BaseTask):
         (the rest: see `BaseTask`)
     """
 
-    monitor = "val/acc1"
-    mode = "max"
+    monitor: ClassVar[str] = "val/acc1"
+    mode: ClassVar[Literal["min", "max"]] = "max"
+    log_train_metrics: ClassVar[bool] = True
 
     def __init__(
         self,
         num_classes: int,
-        pool: Literal["token", "avg"] = "token",
-        head_drop_rate: float = 0.0,
+        head: HeadFactory = DEFAULT_CLASSIFICATION_HEAD,
         label_smoothing: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
@@ -68,13 +67,16 @@ class ClassificationTask(BaseTask):
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
+        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
+        if class_names is not None and len(class_names) != num_classes:
+            raise ConfigError(f"class_names has {len(class_names)} entries for num_classes={num_classes}")
         self.num_classes = num_classes
-        self.pool = pool
-        self.head_drop_rate = head_drop_rate
-        self.label_smoothing = label_smoothing
         self.class_names = class_names
-        super().__init__(backbone, optimizer, lr_scheduler)
+        self.label_smoothing = label_smoothing
+        self.set_head(head, self.backbone.embed_dim, num_classes)
+        self.set_metrics(accuracy_metrics(num_classes))
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -83,37 +85,26 @@ class ClassificationTask(BaseTask):
                 label_smoothing=label_smoothing,
                 num_classes=num_classes,
             )
+            self.soft_target_loss = SoftTargetCrossEntropy()
 
-    def build_head(self) -> nn.Module:
-        return ClassificationHead(self.backbone.embed_dim, self.num_classes, self.pool, self.head_drop_rate)
-
-    def build_metrics(self) -> MetricCollection:
-        # micro: the fraction of images whose label is in the top k, as the papers report
-        # (torchmetrics' default "macro" would average per-class accuracies instead)
-        top_k = {"acc1": 1, "acc5": 5}
-        return MetricCollection(
-            {
-                name: MulticlassAccuracy(self.num_classes, top_k=min(k, self.num_classes), average="micro")
-                for name, k in top_k.items()
-            }
-        )
-
-    def forward_batch(self, batch: LabeledImages) -> ClassificationOutput:
-        images, pad_mask = self.batch_images(batch)
-        if self.mixup is not None and self.training:
+    def forward_batch(self, batch: LabeledImages, stage: Stage) -> ClassificationOutput:
+        images = batch.image
+        if self.mixup is not None and stage == "train":
             if images.shape[0] % 2:
-                raise ValueError("Mixup/CutMix need an even batch size (use drop_last=True in the train loader)")
+                raise ConfigError("Mixup/CutMix need an even batch size (the train loader drops the last batch)")
             images, targets = self.mixup(images, batch.label)
-            return ClassificationOutput(self(images, pad_mask), targets)
-        return ClassificationOutput(self(images, pad_mask), None)
+            return ClassificationOutput(self(images, image_sizes=batch.image_sizes), targets)
+        return ClassificationOutput(self(images, image_sizes=batch.image_sizes), None)
 
-    def compute_loss(self, output: ClassificationOutput, batch: LabeledImages) -> torch.Tensor:
+    def compute_loss(self, output: ClassificationOutput, batch: LabeledImages, stage: Stage) -> Losses:
         if output.soft_targets is not None:
-            return torch.sum(-output.soft_targets * F.log_softmax(output.logits, dim=-1), dim=-1).mean()
-        return F.cross_entropy(output.logits, batch.label, label_smoothing=self.label_smoothing)
+            return Losses(self.soft_target_loss(output.logits, output.soft_targets))
+        return Losses(F.cross_entropy(output.logits, batch.label, label_smoothing=self.label_smoothing))
 
-    def update_metrics(self, metrics: MetricCollection, output: ClassificationOutput, batch: LabeledImages) -> None:
+    def update_metrics(
+        self, metrics: MetricCollection, output: ClassificationOutput, batch: LabeledImages, stage: Stage
+    ) -> None:
         metrics.update(output.logits, batch.label)
 
     def predict_step(self, batch: LabeledImages, batch_idx: int) -> ClassPrediction:
-        return top_k_prediction(self(*self.batch_images(batch)), batch.index)
+        return top_k_prediction(self.forward_batch(batch, "predict").logits, batch.index)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any, ClassVar, Literal
+
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitdense.errors import ConfigError
 from vitdense.heads import LinearProbeHead, probe_features
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
-from vitdense.tasks.classification import ClassPrediction, top_k_prediction
-from vitdense.types import LabeledImages
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.classification import top_k_prediction
+from vitdense.types import ClassPrediction, LabeledImages, Losses
+
+#: MAE's probe: BatchNorm without affine, then a linear layer
+DEFAULT_PROBE_HEAD = partial(LinearProbeHead, batch_norm=True)
 
 
 class LinearProbeTask(BaseTask):
@@ -21,15 +27,17 @@ class LinearProbeTask(BaseTask):
 
     The backbone gets no gradients, is left out of the optimizer and stays in eval mode
     (its weights end bit-identical). One head per entry of `lrs` trains on the same
-    features in the same pass; each logs `{stage}/acc1_lr{i}`, and `{stage}/acc1` is the
-    best of them (`{stage}/best_lr_index` says which).
+    features in the same pass; each logs `{stage}/acc1_lr{i}` (and its loss
+    `{stage}/loss_lr{i}`), and `{stage}/acc1` is the best of them (`{stage}/best_lr_index`
+    says which; the head that validated best makes the predictions).
 
     Args:
         num_classes: K (linked from the DataModule).
+        head: `head(in_features, num_classes)`, called once per learning rate; default
+            `LinearProbeHead` with MAE's BatchNorm (DINOv2: `init_args: {batch_norm: false}`).
         lrs: learning rate of each head; None: one head at the optimizer's rate.
         n_last_blocks: class tokens of this many last blocks are concatenated (DINOv2: 4).
         avgpool: append the mean patch token of the last block (DINOv2's "avgpool").
-        batch_norm: BatchNorm without affine in front of each classifier (MAE).
         cache_features: keep each sample's features after its first pass and skip the
             backbone afterwards. Needs samples with an `index` and deterministic train
             transforms (an augmented first view would be frozen into the cache).
@@ -37,51 +45,44 @@ class LinearProbeTask(BaseTask):
         backbone: built as configured, then frozen whatever `freeze` says.
     """
 
-    monitor = "val/acc1"
-    mode = "max"
+    monitor: ClassVar[str] = "val/acc1"
+    mode: ClassVar[Literal["min", "max"]] = "max"
 
     def __init__(
         self,
         num_classes: int,
+        head: HeadFactory = DEFAULT_PROBE_HEAD,
         lrs: list[float] | None = None,
         n_last_blocks: int = 1,
         avgpool: bool = False,
-        batch_norm: bool = True,
         cache_features: bool = False,
         class_names: list[str] | None = None,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        if n_last_blocks < 1:
-            raise ValueError(f"n_last_blocks={n_last_blocks}: must be at least 1")
+        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
+        if not 1 <= n_last_blocks <= self.backbone.depth:
+            raise ConfigError(f"n_last_blocks={n_last_blocks}: must be between 1 and the backbone's depth")
         self.num_classes = num_classes
+        self.class_names = class_names
         self.lrs = list(lrs) if lrs else [None]
         self.n_last_blocks = n_last_blocks
         self.avgpool = avgpool
-        self.batch_norm = batch_norm
         self.cache_features = cache_features
-        self.class_names = class_names
-        super().__init__(backbone, optimizer, lr_scheduler)
-        if n_last_blocks > self.backbone.depth:
-            raise ValueError(f"n_last_blocks={n_last_blocks} exceeds the backbone's {self.backbone.depth} blocks")
         self.backbone.freeze()
         self.backbone.eval()
+        in_features = (n_last_blocks + int(avgpool)) * self.backbone.embed_dim
+        self.set_head(head, in_features, num_classes, copies=len(self.lrs))
+        self.set_metrics(
+            MetricCollection(
+                {f"acc1_lr{i}": MulticlassAccuracy(num_classes, top_k=1, average="micro") for i in range(len(self.lrs))}
+            )
+        )
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
         # which head validated best; a buffer, so that it travels in checkpoints
         self.register_buffer("best_head", torch.tensor(0), persistent=True)
-
-    def build_head(self) -> nn.Module:
-        in_features = (self.n_last_blocks + int(self.avgpool)) * self.backbone.embed_dim
-        return nn.ModuleList(LinearProbeHead(in_features, self.num_classes, self.batch_norm) for _ in self.lrs)
-
-    def build_metrics(self) -> MetricCollection:
-        return MetricCollection(
-            {
-                f"acc1_lr{i}": MulticlassAccuracy(self.num_classes, top_k=1, average="micro")
-                for i in range(len(self.lrs))
-            }
-        )
 
     def train(self, mode: bool = True) -> LinearProbeTask:
         super().train(mode)
@@ -89,63 +90,65 @@ class LinearProbeTask(BaseTask):
         return self
 
     @torch.no_grad()
-    def extract(self, images: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def extract(
+        self,
+        images: torch.Tensor,
+        pad_mask: torch.Tensor | None = None,
+        image_sizes: tuple[tuple[int, int], ...] | None = None,
+    ) -> torch.Tensor:
         """Probe input [B, F] from the frozen backbone."""
-        return probe_features(self.backbone, images, pad_mask, self.n_last_blocks, self.avgpool)
+        return probe_features(self.backbone, images, pad_mask, self.n_last_blocks, self.avgpool, image_sizes)
 
-    def forward(self, images: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        images: torch.Tensor,
+        pad_mask: torch.Tensor | None = None,
+        image_sizes: tuple[tuple[int, int], ...] | None = None,
+    ) -> torch.Tensor:
         """-> logits of every head [H, B, K]."""
-        return self.classify(self.extract(images, pad_mask))
+        return self.classify(self.extract(images, pad_mask, image_sizes))
 
     def classify(self, features: torch.Tensor) -> torch.Tensor:
         return torch.stack([head(features) for head in self.head])
 
-    def forward_batch(self, batch: LabeledImages) -> torch.Tensor:
+    def forward_batch(self, batch: LabeledImages, stage: Stage) -> torch.Tensor:
         if not self.cache_features:
-            return super().forward_batch(batch)
-        indices = batch.index.tolist() if torch.is_tensor(batch.index) else [batch.index]
+            return super().forward_batch(batch, stage)
+        indices = batch.index.tolist()
         if min(indices) < 0:
-            raise ValueError("cache_features=True needs samples with an index (LabeledImages.index >= 0)")
-        keys = [(self._cache_split(), i) for i in indices]  # splits share indices
+            raise ConfigError("cache_features=True needs samples with an index (LabeledImages.index >= 0)")
+        keys = [(stage, i) for i in indices]  # splits share indices; the stage names the split
         if all(k in self._cache for k in keys):
             features = torch.stack([self._cache[k] for k in keys]).to(self.device)
         else:
-            features = self.extract(*self.batch_images(batch))
+            features = self.extract(batch.image, image_sizes=batch.image_sizes)
             self._cache.update(zip(keys, features.cpu(), strict=True))
         return self.classify(features)
 
-    def _cache_split(self) -> str:
-        """Which dataset a batch comes from: train, val (also during the sanity check), test, predict."""
-        if self._trainer is None:
-            return "train" if self.training else "eval"
-        stage = self.trainer.state.stage
-        return {"sanity_check": "validate"}.get(stage.value, stage.value) if stage is not None else "eval"
-
-    def compute_loss(self, logits: torch.Tensor, batch: LabeledImages) -> torch.Tensor:
+    def compute_loss(self, logits: torch.Tensor, batch: LabeledImages, stage: Stage) -> Losses:
         # each head's gradient depends only on its own term: one sum trains them independently
-        return sum(F.cross_entropy(head_logits, batch.label) for head_logits in logits)
+        terms = {f"loss_lr{i}": F.cross_entropy(head_logits, batch.label) for i, head_logits in enumerate(logits)}
+        return Losses(sum(terms.values()), terms if len(terms) > 1 else {})
 
-    def update_metrics(self, metrics: MetricCollection, logits: torch.Tensor, batch: LabeledImages) -> None:
+    def update_metrics(
+        self, metrics: MetricCollection, logits: torch.Tensor, batch: LabeledImages, stage: Stage
+    ) -> None:
         for i, head_logits in enumerate(logits):
             metrics[f"acc1_lr{i}"].update(head_logits, batch.label)
 
-    def _log_best(self, stage: Stage) -> None:
-        metrics: MetricCollection = getattr(self, f"{stage}_metrics")
-        accs = torch.stack([metrics[f"acc1_lr{i}"].compute() for i in range(len(self.lrs))])
-        self.log(f"{stage}/acc1", accs.max(), prog_bar=True)
-        self.log(f"{stage}/best_lr_index", accs.argmax().float())
+    def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
+        accs = torch.stack([result[f"{stage}/acc1_lr{i}"] for i in range(len(self.lrs))])
         if stage == "val" and not self.trainer.sanity_checking:
             self.best_head.fill_(accs.argmax())
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_best("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_best("test")
+        return {
+            **super().summarize(result, stage),
+            f"{stage}/acc1": accs.max(),
+            f"{stage}/best_lr_index": accs.argmax().float(),
+        }
 
     def predict_step(self, batch: LabeledImages, batch_idx: int) -> ClassPrediction:
         """Top-k of the head that validated best (the first before any validation)."""
-        return top_k_prediction(self(*self.batch_images(batch))[int(self.best_head)], batch.index)
+        return top_k_prediction(self.forward_batch(batch, "predict")[int(self.best_head)], batch.index)
 
     def param_groups(self) -> list[dict]:
         return [

@@ -8,71 +8,59 @@ figures are those of mmseg/Segmenter's evaluation.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from functools import partial
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
-from torch import nn
 from torchmetrics import MetricCollection
 
-from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
+from vitdense.errors import ConfigError
+from vitdense.heads.segmenter import MaskTransformerDecoder
 from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
-from vitdense.types import SegmentedImages
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
 
-
-class SegmentationOutput(NamedTuple):
-    """Pixel logits and their labels, as pairs: one pair [B, K, H, W] / [B, H, W] for a
-    training batch, one pair [1, K, h, w] / [1, h, w] per image in evaluation (sizes differ)."""
-
-    logits: list[torch.Tensor]
-    targets: list[torch.Tensor]
-
-
-class SegmentationPrediction(NamedTuple):
-    """Label maps at each image's original size: index [B], labels: B tensors [h, w] int64."""
-
-    index: torch.Tensor
-    labels: list[torch.Tensor]
+#: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
+DEFAULT_SEGMENTATION_HEAD = partial(MaskTransformerDecoder, depth=2, drop_rate=0.1, drop_path_rate=0.0)
 
 
 class SegmentationTask(BaseTask):
     """Semantic segmentation with a Segmenter decoder.
 
     Logs `{stage}/loss`, and per epoch `{stage}/mIoU`, `{stage}/mAcc`, `{stage}/aAcc`
-    (dataset-level, see `SegmentationMetrics`) and a per-class IoU table.
+    (dataset-level, see `SegmentationMetrics`) with a per-class IoU table in the log.
 
     Args:
         num_classes: K (linked from the DataModule).
-        decoder: "mask" (mask transformer) or "linear"; for other heads override `build_head`.
-        decoder_depth, decoder_drop_rate, decoder_drop_path_rate: mask transformer settings
-            (Segmenter: 2 layers, dropout 0.1, drop path 0).
+        head: `head(embed_dim, num_classes)` -> a decoder from `ViTFeatures` to patch-level
+            logits [B, K, h, w]; default Segmenter's mask transformer
+            (`vitdense.heads.MaskTransformerDecoder`, depth 2, dropout 0.1); the linear
+            baseline is `class_path: vitdense.heads.LinearDecoder`.
         ignore_index: label of unlabelled pixels (linked from the DataModule).
         class_weights: per-class cross-entropy weights (None: uniform).
         class_names: names of the K classes (linked from the DataModule), for the table.
         window: sliding-window side in evaluation; None: the backbone's native size.
         val_stride: window stride during training-time validation (None: = window,
             Segmenter's 512/512).
-        test_stride: window stride for `test` (None: window * 15/16, Segmenter's 512/480).
-        test_scales, test_flip: multi-scale / flip test-time augmentation of `test`
-            (Segmenter's multi-scale: 0.5, 0.75, 1.0, 1.25, 1.5, 1.75 with flip).
+        test_stride: window stride for `test` and `predict` (None: window * 15/16,
+            Segmenter's 512/480).
+        test_scales, test_flip: multi-scale / flip test-time augmentation of `test` and
+            `predict` (Segmenter's multi-scale: 0.5, 0.75, 1.0, 1.25, 1.5, 1.75 with flip).
         window_batch_size: windows run through the model at once.
+        (the rest: see `BaseTask`)
     """
 
-    monitor = "val/mIoU"
-    mode = "max"
+    monitor: ClassVar[str] = "val/mIoU"
+    mode: ClassVar[Literal["min", "max"]] = "max"
 
     def __init__(
         self,
         num_classes: int,
-        decoder: str = "mask",
-        decoder_depth: int = 2,
-        decoder_drop_rate: float = 0.1,
-        decoder_drop_path_rate: float = 0.0,
+        head: HeadFactory = DEFAULT_SEGMENTATION_HEAD,
         ignore_index: int = 255,
         class_weights: list[float] | None = None,
         class_names: list[str] | None = None,
@@ -85,52 +73,40 @@ class SegmentationTask(BaseTask):
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        if decoder not in ("mask", "linear"):
-            raise ValueError(f"decoder={decoder!r}: use 'mask' or 'linear' (or override build_head)")
+        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
         if class_weights is not None and len(class_weights) != num_classes:
-            raise ValueError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
+            raise ConfigError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
         if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"class_names has {len(class_names)} entries for {num_classes} classes")
+            raise ConfigError(f"class_names has {len(class_names)} entries for {num_classes} classes")
         self.num_classes = num_classes
-        self.decoder = decoder
-        self.decoder_depth = decoder_depth
-        self.decoder_drop_rate = decoder_drop_rate
-        self.decoder_drop_path_rate = decoder_drop_path_rate
         self.ignore_index = ignore_index
         self.class_names = class_names or [str(c) for c in range(num_classes)]
-        self.test_scales = test_scales or [1.0]
-        self.test_flip = test_flip
-        self.window_batch_size = window_batch_size
-        super().__init__(backbone, optimizer, lr_scheduler)
         self.window = window or self.backbone.img_size[0]
         self.val_stride = val_stride or self.window
         self.test_stride = test_stride or self.window - self.window // 16
+        self.test_scales = test_scales or [1.0]
+        self.test_flip = test_flip
+        self.window_batch_size = window_batch_size
         weights = torch.tensor(class_weights, dtype=torch.float) if class_weights is not None else None
         self.register_buffer("class_weights", weights, persistent=False)
-
-    def build_head(self) -> nn.Module:
-        if self.decoder == "linear":
-            return LinearDecoder(self.backbone.embed_dim, self.num_classes)
-        return MaskTransformerDecoder(
-            self.backbone.embed_dim,
-            self.num_classes,
-            depth=self.decoder_depth,
-            drop_rate=self.decoder_drop_rate,
-            drop_path_rate=self.decoder_drop_path_rate,
-        )
-
-    def build_metrics(self) -> MetricCollection:
-        return MetricCollection({"seg": SegmentationMetrics(self.num_classes, self.ignore_index)})
+        self.set_head(head, self.backbone.embed_dim, num_classes)
+        self.set_metrics(MetricCollection({"seg": SegmentationMetrics(num_classes, ignore_index)}))
 
     # ---------------------------------------------------------------------------- model
-    def forward(self, images: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        images: torch.Tensor,
+        pad_mask: torch.Tensor | None = None,
+        image_sizes: tuple[tuple[int, int], ...] | None = None,
+    ) -> torch.Tensor:
         """Pixel logits [B, K, H, W] for images [B, 3, H, W] of any size.
 
         The decoder's patch-level masks are upsampled (bilinear) to the padded grid's pixels
         and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
         """
-        masks = self.head(self.backbone(images, pad_mask=pad_mask))
+        masks = self.head(self.backbone(images, pad_mask=pad_mask, image_sizes=image_sizes))
         ph, pw = self.backbone.patch_size
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
@@ -139,10 +115,8 @@ class SegmentationTask(BaseTask):
     def segment(self, batch: SegmentedImages, stride: int, scales: list[float], flip: bool) -> list[torch.Tensor]:
         """Per image, logits [1, K, h, w] at its label map's size, from sliding windows."""
         out = []
-        for i in range(batch.image.shape[0]):
-            h, w = batch.image_sizes[i]
+        for i, ((h, w), size) in enumerate(zip(batch.image_sizes, batch.mask_sizes, strict=True)):
             image = batch.image[i : i + 1, :, :h, :w]
-            size = tuple(batch.mask_sizes[i])
             out.append(
                 segment_image(
                     self, image, size, self.window, stride, self.num_classes, scales, flip, self.window_batch_size
@@ -150,19 +124,20 @@ class SegmentationTask(BaseTask):
             )
         return out
 
-    def forward_batch(self, batch: SegmentedImages) -> SegmentationOutput:
-        if self.training:
-            return SegmentationOutput([self(batch.image, batch.pad_mask)], [batch.mask])
-        testing = self._trainer is not None and self.trainer.testing
-        if testing:
-            logits = self.segment(batch, self.test_stride, self.test_scales, self.test_flip)
-        else:
+    def forward_batch(self, batch: SegmentedImages, stage: Stage) -> SegmentationOutput:
+        """Training: logits of the batch's crops. Validation: whole images in sliding windows
+        at `val_stride`. Test and predict: `test_stride` with the test-time augmentation."""
+        if stage == "train":
+            return SegmentationOutput([self(batch.image, image_sizes=batch.image_sizes)], [batch.mask])
+        if stage == "val":
             logits = self.segment(batch, self.val_stride, [1.0], False)
+        else:
+            logits = self.segment(batch, self.test_stride, self.test_scales, self.test_flip)
         targets = [batch.mask[i : i + 1, :h, :w] for i, (h, w) in enumerate(batch.mask_sizes)]
         return SegmentationOutput(logits, targets)
 
     # ------------------------------------------------------------------ loss and metrics
-    def compute_loss(self, output: SegmentationOutput, batch: SegmentedImages) -> torch.Tensor:
+    def compute_loss(self, output: SegmentationOutput, batch: SegmentedImages, stage: Stage) -> Losses:
         """Pixel-averaged cross-entropy over the batch, ignoring `ignore_index` (with class
         weights: weighted sum over weighted pixel count, as torch's weighted mean)."""
         total = torch.zeros((), device=self.device)
@@ -175,37 +150,23 @@ class SegmentationTask(BaseTask):
             weight_sum = weight_sum + (
                 self.class_weights[valid].sum() if self.class_weights is not None else valid.numel()
             )
-        return total / weight_sum.clamp(min=1)
+        return Losses(total / weight_sum.clamp(min=1))
 
-    def update_metrics(self, metrics: MetricCollection, output: SegmentationOutput, batch: SegmentedImages) -> None:
+    def update_metrics(
+        self, metrics: MetricCollection, output: SegmentationOutput, batch: SegmentedImages, stage: Stage
+    ) -> None:
         for logits, target in zip(output.logits, output.targets, strict=True):
             metrics["seg"].update(logits.argmax(1), target)
 
-    def log_metrics(self, metrics: MetricCollection, stage: Stage, batch_size: int) -> None:
-        pass  # non-scalar results: computed and logged once per epoch, in `_log_epoch`
-
-    def _log_epoch(self, stage: Stage) -> None:
-        metric: SegmentationMetrics = getattr(self, f"{stage}_metrics")["seg"]
-        result = metric.compute()
-        metric.reset()
-        for key in ("mIoU", "mAcc", "aAcc"):
-            self.log(f"{stage}/{key}", result[key].float(), prog_bar=key == "mIoU")
-        if stage != "train" and not (self._trainer is not None and self.trainer.sanity_checking):
-            rows = [f"{'class':<24}{'IoU':>8}{'Acc':>8}"]
-            for name, iou, acc in zip(self.class_names, result["IoU"].tolist(), result["Acc"].tolist(), strict=True):
-                rows.append(f"{name:<24}{100 * iou:8.2f}{100 * acc:8.2f}")
-            summary = "  ".join(f"{k} {100 * result[k].item():.2f}" for k in ("mIoU", "mAcc", "aAcc"))
-            rank_zero_info(f"{stage} epoch {self.current_epoch}: {summary}\n" + "\n".join(rows))
-
-    def on_train_epoch_end(self) -> None:
-        self._log_epoch("train")
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_epoch("val")
-
-    def on_test_epoch_end(self) -> None:
-        self._log_epoch("test")
+    def format_table(self, result: dict[str, Any], stage: Stage) -> str:
+        """Per-class IoU and accuracy, with the epoch's summary on top."""
+        summary = "  ".join(f"{k} {100 * result[f'{stage}/{k}'].item():.2f}" for k in ("mIoU", "mAcc", "aAcc"))
+        rows = [f"{stage} epoch {self.current_epoch}: {summary}", f"{'class':<24}{'IoU':>8}{'Acc':>8}"]
+        ious, accs = result[f"{stage}/IoU"].tolist(), result[f"{stage}/Acc"].tolist()
+        for name, iou, acc in zip(self.class_names, ious, accs, strict=True):
+            rows.append(f"{name:<24}{100 * iou:8.2f}{100 * acc:8.2f}")
+        return "\n".join(rows)
 
     def predict_step(self, batch: SegmentedImages, batch_idx: int) -> SegmentationPrediction:
-        logits = self.segment(batch, self.test_stride, self.test_scales, self.test_flip)
+        logits = self.forward_batch(batch, "predict").logits
         return SegmentationPrediction(batch.index, [x[0].argmax(0) for x in logits])

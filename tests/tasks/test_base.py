@@ -1,0 +1,148 @@
+"""The BaseTask contract: named loss terms, the stage in every hook, epoch-end summaries,
+opt-in training metrics, injected heads, schedules in steps or epochs."""
+
+from functools import partial
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torchmetrics import MetricCollection, SumMetric
+
+from vitdense.data import SyntheticClassificationDataModule
+from vitdense.heads import ClassificationHead
+from vitdense.optim import WarmupCosineLR, WarmupPolyLR
+from vitdense.tasks import BackboneConfig, BaseTask
+from vitdense.tasks.base import HeadSpec
+from vitdense.types import Losses
+
+TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1})
+
+
+class TwoTermTask(BaseTask):
+    """A toy task: two loss terms, a metric whose result is a vector, stages recorded."""
+
+    monitor = "val/top"
+    mode = "max"
+
+    def __init__(self, train_metrics: bool = False, lr_scheduler=WarmupCosineLR) -> None:
+        super().__init__(TINY, lr_scheduler=lr_scheduler)
+        self.log_train_metrics = train_metrics
+        self.set_head(ClassificationHead, self.backbone.embed_dim, 4)
+        self.set_metrics(MetricCollection({"count": SumMetric()}))
+        self.stages: list[str] = []
+        self.summaries: list[tuple[str, float]] = []
+
+    def forward_batch(self, batch, stage):
+        self.stages.append(stage)
+        return super().forward_batch(batch, stage)
+
+    def compute_loss(self, output, batch, stage):
+        ce = F.cross_entropy(output, batch.label)
+        return Losses(ce + 0.5 * output.pow(2).mean(), {"loss_ce": ce, "loss_l2": 0.5 * output.pow(2).mean()})
+
+    def update_metrics(self, metrics, output, batch, stage):
+        metrics["count"].update(torch.tensor(float(batch.image.shape[0])))
+
+    def summarize(self, result: dict[str, Any], stage):
+        count = result[f"{stage}/count"]
+        self.summaries.append((stage, float(count)))
+        return {f"{stage}/top": count / 100, f"{stage}/count": count}
+
+
+def fit(task, epochs=2, batch_size=4):
+    data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=6, batch_size=batch_size)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(task, datamodule=data)
+    return trainer
+
+
+def test_loss_terms_summaries_and_stages():
+    task = TwoTermTask()
+    trainer = fit(task)
+    logged = trainer.callback_metrics
+    for key in ("train/loss_step", "train/loss_ce_epoch", "train/loss_l2_epoch", "val/loss", "val/loss_ce"):
+        assert key in logged, key
+    torch.testing.assert_close(logged["val/loss"], logged["val/loss_ce"] + logged["val/loss_l2"])
+    # summarized once per validation epoch from the whole epoch's metric, then reset (6 images each time)
+    assert task.summaries == [("val", 6.0), ("val", 6.0)]
+    assert logged["val/top"] == pytest.approx(0.06)
+    # training metrics are off by default: no train/count, no summary for "train"
+    assert not any(k.startswith("train/count") for k in logged)
+    assert set(task.stages) == {"train", "val"}
+
+
+def test_training_metrics_are_opt_in():
+    task = TwoTermTask(train_metrics=True)
+    trainer = fit(task, epochs=1)
+    assert ("train", 16.0) in task.summaries and trainer.callback_metrics["train/count"] == 16
+
+
+def test_head_spec_rebuilds_injected_heads():
+    spec = HeadSpec.of(partial(ClassificationHead, pool="avg", drop_rate=0.1))
+    assert spec == HeadSpec("vitdense.heads.classification.ClassificationHead", {"pool": "avg", "drop_rate": 0.1})
+    head = spec(8, 3)
+    assert isinstance(head, ClassificationHead) and head.pool == "avg" and head.fc.out_features == 3
+    assert HeadSpec.of(ClassificationHead) == HeadSpec("vitdense.heads.classification.ClassificationHead", {})
+    assert HeadSpec.of(lambda d, k: torch.nn.Linear(d, k)) is None
+
+
+def lrs_of(task, epochs, batch_size):
+    """The learning rate of every optimizer step of a run."""
+    lrs = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, *args):
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=4, batch_size=batch_size)
+    L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[Record()],
+    ).fit(task, datamodule=data)
+    return lrs
+
+
+@pytest.mark.parametrize("batch_size", [4, 8])
+def test_warmup_in_epochs_follows_the_steps_per_epoch(batch_size):
+    task = TwoTermTask(lr_scheduler=partial(WarmupCosineLR, warmup_epochs=1))
+    lrs = lrs_of(task, epochs=3, batch_size=batch_size)
+    per_epoch = 16 // batch_size
+    base = 1e-3  # the default AdamW rate
+    assert len(lrs) == 3 * per_epoch
+    # linear warmup over exactly the first epoch, whatever the batch size; then cosine to 0 over the rest
+    assert lrs[:per_epoch] == pytest.approx([base * (i + 1) / per_epoch for i in range(per_epoch)])
+    assert lrs[per_epoch] == pytest.approx(base)
+    assert lrs[-1] == pytest.approx(
+        base * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * (per_epoch * 2 - 1) / (per_epoch * 2))).item())
+    )
+
+
+def test_epoch_interval_steps_the_schedule_once_per_epoch():
+    task = TwoTermTask(lr_scheduler=partial(WarmupPolyLR, power=1.0))
+    task.lr_interval = "epoch"
+    lrs = lrs_of(task, epochs=4, batch_size=8)
+    # poly with power 1 over 4 epochs: 1, 3/4, 1/2, 1/4 of the base rate, constant within an epoch
+    assert lrs == pytest.approx([1e-3 * f for f in (1, 1, 0.75, 0.75, 0.5, 0.5, 0.25, 0.25)])
+
+
+def test_poly_schedule_length_comes_from_the_trainer():
+    task = TwoTermTask(lr_scheduler=partial(WarmupPolyLR, power=0.9, warmup_steps=2))
+    lrs = lrs_of(task, epochs=2, batch_size=4)  # 8 steps
+    expected = [0.5, 1.0] + [(1 - i / 6) ** 0.9 for i in range(6)]
+    assert lrs == pytest.approx([1e-3 * f for f in expected])
