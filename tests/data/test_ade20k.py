@@ -179,8 +179,9 @@ def test_datamodule_loaders(ade):
 
 def test_train_split_smaller_than_a_batch_is_an_error(ade):
     dm = SegmentationDataModule(str(ade), ["a", "b", "c", "d"], reduce_zero_label=True, batch_size=8)
-    with pytest.raises(ValueError, match="3 training images but batch_size=8"):
-        dm.setup("fit")
+    dm.setup("fit")
+    with pytest.raises(ValueError, match=f"{ade / 'images' / 'training'}: 3 training images but batch_size=8"):
+        dm.train_dataloader()
 
 
 def test_ade20k_datamodule(ade):

@@ -136,8 +136,10 @@ def test_datamodule_loaders(imagenet):
         dm.setup("test")
     dm.setup("predict")
     assert len(dm.predict_dataloader().dataset) == 6  # the val split by default
-    with pytest.raises(ValueError, match="batch_size=64"):
-        ImageFolderDataModule(str(imagenet), img_size=16, num_workers=0).setup("fit")
+    too_big = ImageFolderDataModule(str(imagenet), img_size=16, num_workers=0)
+    too_big.setup("fit")
+    with pytest.raises(ValueError, match=f"{imagenet / 'train'}: .* training images but batch_size=64"):
+        too_big.train_dataloader()
 
 
 def test_datamodule_test_split(imagenet):

@@ -11,7 +11,8 @@ def test_samples_are_a_function_of_seed_and_index():
     a, b = SyntheticSegmentation(8, seed=3), SyntheticSegmentation(8, seed=3)
     for i in range(4):
         assert torch.equal(a[i].image, b[i].image) and torch.equal(a[i].mask, b[i].mask)
-        assert torch.equal(a[i].mask, a[i].mask)
+        # the sample's label map is the drawn scene's, unchanged (no transform given)
+        assert torch.equal(a[i].mask, torch.from_numpy(a.scene(i)[1].astype(np.int64)))
     other = SyntheticSegmentation(8, seed=4)
     assert not all(torch.equal(a[i].mask, other[i].mask) for i in range(4))
     sample = a[0]
@@ -54,9 +55,12 @@ def test_class_count_is_checked():
 
 
 def test_datamodule():
-    dm = SyntheticSegmentationDataModule(num_classes=4, train_size=32, val_size=16, batch_size=8)
+    dm = SyntheticSegmentationDataModule(num_classes=4, train_size=32, val_size=16, batch_size=8, eval_batch_size=5)
+    # known on construction, before setup: the CLI links them into the task
     assert dm.class_names == ["background", "circle", "square", "triangle"]
     assert dm.num_classes == 4 and dm.img_size == 64 and dm.ignore_index == 255
+    dm.setup("fit")
+    assert [len(b.index) for b in dm.val_dataloader()] == [5, 5, 5, 1]  # evaluation keeps every sample
     train = list(dm.train_dataloader())
     assert len(train) == 4 and train[0].image.shape == (8, 3, 64, 64) and not train[0].pad_mask.any()
     val = next(iter(dm.val_dataloader()))

@@ -7,8 +7,9 @@ from vitdense.data.ade20k import (
     SegmentationDataModule,
     SegmentationFolderDataset,
 )
+from vitdense.data.base import ClassificationDataModule, ImageDataModule, image_dataloader
 from vitdense.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, CIFARImages
-from vitdense.data.collate import pad_collate, segmentation_dataloader
+from vitdense.data.collate import pad_collate
 from vitdense.data.imagefolder import ImageFolderDataModule, ImageFolderDataset, find_classes
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.synthetic import SyntheticClassificationDataModule, SyntheticShapes
@@ -28,6 +29,9 @@ __all__ = [
     "CIFAR10_CLASSES",
     "CIFAR100_CLASSES",
     "ADE20KDataModule",
+    "ClassificationDataModule",
+    "ImageDataModule",
+    "image_dataloader",
     "CIFARDataModule",
     "CIFARImages",
     "ImageFolderDataModule",
@@ -47,7 +51,6 @@ __all__ = [
     "normalization",
     "pad_collate",
     "seed_worker_transforms",
-    "segmentation_dataloader",
     "segmentation_eval_transforms",
     "segmentation_train_transforms",
 ]

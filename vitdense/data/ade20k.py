@@ -23,12 +23,11 @@ import albumentations as A
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from vitdense.data.base import SplitsDataModule, check_train_size
-from vitdense.data.collate import segmentation_dataloader
+from vitdense.data.base import ImageDataModule
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.transforms import decode_image, process_seed, resolve_normalization
+from vitdense.data.transforms import decode_image
 from vitdense.errors import DataError
 from vitdense.types import SegmentedImages
 
@@ -242,7 +241,7 @@ class SegmentationFolderDataset(Dataset):
         return SegmentedImages.of(image_t, mask_t, index)
 
 
-class SegmentationDataModule(SplitsDataModule):
+class SegmentationDataModule(ImageDataModule):
     """Folders of images and PNG label maps: `root/<img_dir>/<split>/*.jpg`, `root/<ann_dir>/<split>/*.png`.
 
     Training follows mmseg's ADE20K recipe (`segmentation_train_transforms`): random
@@ -264,7 +263,7 @@ class SegmentationDataModule(SplitsDataModule):
         scale, ratio_range: training resize bound at ratio 1 and the ratio's range.
         cat_max_ratio: largest share of a training crop one class may take (1 disables it).
         eval_short_side: short side of evaluation images (long side at most 4x this).
-        batch_size, eval_batch_size: training and evaluation batch sizes.
+        batch_size, eval_batch_size: training and evaluation batch sizes (None: = batch_size).
         num_workers: loader worker processes.
         backbone: timm model name whose pretrained normalisation to use (see `normalization`).
         mean, std: explicit normalisation; each wins over the backbone's.
@@ -292,7 +291,7 @@ class SegmentationDataModule(SplitsDataModule):
         cat_max_ratio: float = 0.75,
         eval_short_side: int = 512,
         batch_size: int = 8,
-        eval_batch_size: int = 1,
+        eval_batch_size: int | None = 1,
         num_workers: int = 4,
         backbone: str | None = None,
         mean: Triple | None = None,
@@ -303,7 +302,7 @@ class SegmentationDataModule(SplitsDataModule):
         image_suffix: str = ".jpg",
         mask_suffix: str = ".png",
     ) -> None:
-        super().__init__()
+        super().__init__(crop_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
@@ -319,8 +318,6 @@ class SegmentationDataModule(SplitsDataModule):
                 "pick an ignore_index outside 0..num_classes-1 (255 is usual)"
             )
         self.ignore_index = ignore_index
-        self.img_size = crop_size
-        self.mean, self.std = resolve_normalization(backbone, mean, std)
         # settings live in attributes, not `hparams`: a subclass with a narrower signature
         # (ADE20KDataModule) saves only its own arguments as hyperparameters
         self.img_dir, self.ann_dir = img_dir, ann_dir
@@ -330,9 +327,12 @@ class SegmentationDataModule(SplitsDataModule):
         self.ratio_range = tuple(ratio_range)
         self.cat_max_ratio = cat_max_ratio
         self.eval_short_side = eval_short_side
-        self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.image_suffix, self.mask_suffix = image_suffix, mask_suffix
+
+    @property
+    def train_location(self) -> str:
+        return str(self.root / self.img_dir / self.train_split)
 
     def train_transforms(self) -> A.Compose:
         transform = segmentation_train_transforms(
@@ -344,9 +344,7 @@ class SegmentationDataModule(SplitsDataModule):
             mean=self.mean,
             std=self.std,
         )
-        # albumentations ignores torch's seed; tie it to it (and the rank) so seed_everything reproduces the crops
-        transform.set_random_seed(process_seed())
-        return transform
+        return self.seeded(transform)
 
     def eval_transforms(self) -> A.Compose:
         return segmentation_eval_transforms(self.eval_short_side, self.mean, self.std)
@@ -366,7 +364,6 @@ class SegmentationDataModule(SplitsDataModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             self.train_dataset = self._split(self.train_split, self.train_transforms())
-            check_train_size(self.train_dataset, self.batch_size, self.root / self.img_dir / self.train_split)
         if stage in ("fit", "validate"):
             self.val_dataset = self._split(self.val_split, self.eval_transforms())
         if stage == "test":
@@ -375,10 +372,6 @@ class SegmentationDataModule(SplitsDataModule):
             self.test_dataset = self._split(self.test_split, self.eval_transforms())
         if stage == "predict":
             self.predict_dataset = self._split(self.val_split, self.eval_transforms())
-
-    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
-        batch_size = self.batch_size if train else self.eval_batch_size
-        return segmentation_dataloader(dataset, batch_size, self.num_workers, train, self.ignore_index)
 
 
 class ADE20KDataModule(SegmentationDataModule):
@@ -410,7 +403,7 @@ class ADE20KDataModule(SegmentationDataModule):
         cat_max_ratio: float = 0.75,
         eval_short_side: int = 512,
         batch_size: int = 8,
-        eval_batch_size: int = 1,
+        eval_batch_size: int | None = 1,
         num_workers: int = 4,
         backbone: str | None = None,
         mean: Triple | None = None,

@@ -15,7 +15,7 @@ import numpy as np
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from vitdense.data.base import ClassificationDataModule, check_train_size
+from vitdense.data.base import ClassificationDataModule
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -112,8 +112,9 @@ class CIFARDataModule(ClassificationDataModule):
         seed: int = 0,
         scale: tuple[float, float] = (0.08, 1.0),
         color_jitter: float = 0.0,
+        eval_batch_size: int | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, num_workers, backbone, mean, std)
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
         if variant not in _VARIANTS:
             raise DataError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
         if not 0 <= val_fraction < 1:
@@ -121,6 +122,8 @@ class CIFARDataModule(ClassificationDataModule):
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
+        self.variant, self.download, self.val_fraction, self.seed = variant, download, val_fraction, seed
+        self.scale, self.color_jitter = tuple(scale), color_jitter
         self.dataset_class, names = _VARIANTS[variant]
         self.class_names = list(names)
         self.num_classes = len(names)
@@ -128,13 +131,13 @@ class CIFARDataModule(ClassificationDataModule):
     def _missing(self, reason: str) -> FileNotFoundError:
         cls = self.dataset_class
         return FileNotFoundError(
-            f"{self.root / cls.base_folder}: {self.hparams.variant} {reason}; set data.download=true, "
+            f"{self.root / cls.base_folder}: {self.variant} {reason}; set data.download=true, "
             f"or fetch {cls.url} and extract it into {self.root}"
         )
 
     def prepare_data(self) -> None:
         """Download and extract the archive if `download` and it is not there yet (rank 0 only)."""
-        if not self.hparams.download:
+        if not self.download:
             return
         try:
             # the test split is the smaller one to load; the archive holds both
@@ -151,34 +154,36 @@ class CIFARDataModule(ClassificationDataModule):
         if list(ds.classes) != self.class_names:
             raise DataError(
                 f"{self.root / ds.base_folder / ds.meta['filename']}: class names {ds.classes[:3]}... differ from "
-                f"the official {self.hparams.variant} list; re-download the dataset"
+                f"the official {self.variant} list; re-download the dataset"
             )
         return ds.data, np.asarray(ds.targets, dtype=np.int64)
 
+    @property
+    def train_location(self) -> str:
+        return str(self.root / self.dataset_class.base_folder)
+
     def setup(self, stage: str) -> None:
-        hp = self.hparams
         eval_transform = self.eval_transforms(crop_pct=1.0)  # CIFAR is resized whole
         if stage in ("fit", "validate"):
-            if hp.val_fraction > 0:
+            if self.val_fraction > 0:
                 images, labels = self._load(train=True)
-                order = np.random.default_rng(hp.seed).permutation(len(images))
-                num_val = max(1, round(hp.val_fraction * len(images)))
+                order = np.random.default_rng(self.seed).permutation(len(images))
+                num_val = max(1, round(self.val_fraction * len(images)))
                 val_idx, train_idx = np.sort(order[:num_val]), np.sort(order[num_val:])
                 self.val_dataset = CIFARImages(images, labels, eval_transform, val_idx)
             else:
                 self.val_dataset = CIFARImages(*self._load(train=False), eval_transform)
             if stage == "fit":
-                train_transform = self.train_transforms(hp.scale, hp.color_jitter)
-                if hp.val_fraction > 0:
+                train_transform = self.train_transforms(self.scale, self.color_jitter)
+                if self.val_fraction > 0:
                     self.train_dataset = CIFARImages(images, labels, train_transform, train_idx)
                 else:
                     self.train_dataset = CIFARImages(*self._load(train=True), train_transform)
-                check_train_size(self.train_dataset, hp.batch_size, self.root / self.dataset_class.base_folder)
             _logger.info(
                 "%s: %s validation images (%s)",
-                hp.variant,
+                self.variant,
                 len(self.val_dataset),
-                f"{hp.val_fraction:.0%} of train, seed {hp.seed}" if hp.val_fraction > 0 else "the test set",
+                f"{self.val_fraction:.0%} of train, seed {self.seed}" if self.val_fraction > 0 else "the test set",
             )
         if stage in ("test", "predict"):
             # predictions are made on the official test set, in order

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
-from torch.utils.data import DataLoader, Dataset
 
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages, SegmentedImages
@@ -55,12 +52,3 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     for i, mask in enumerate(masks):
         mask_batch[i, : mask.shape[0], : mask.shape[1]] = mask
     return SegmentedImages(batch, mask_batch, index, pad_mask, image_sizes, mask_sizes)
-
-
-def segmentation_dataloader(
-    dataset: Dataset, batch_size: int, num_workers: int, train: bool, ignore_index: int = 255
-) -> DataLoader:
-    """Loader of padded `SegmentedImages` batches; training shuffles and drops the last partial batch."""
-    from vitdense.data.base import image_dataloader
-
-    return image_dataloader(dataset, batch_size, num_workers, train, partial(pad_collate, ignore_index=ignore_index))

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from vitdense.data.base import ClassificationDataModule, check_train_size
+from vitdense.data.base import ClassificationDataModule
 from vitdense.data.transforms import (
     decode_image,
 )
@@ -123,7 +123,7 @@ class ImageFolderDataModule(ClassificationDataModule):
     Args:
         root: dataset folder holding one folder per split.
         img_size: side of the square images fed to the model.
-        batch_size, num_workers: loader settings.
+        batch_size, eval_batch_size, num_workers: loader settings (eval_batch_size None: = batch_size).
         backbone: timm model name whose pretrained normalisation to use (see `normalization`).
         mean, std: explicit normalisation; each wins over the backbone's.
         train_split, val_split, test_split: split folder names under `root`; no test split
@@ -150,32 +150,36 @@ class ImageFolderDataModule(ClassificationDataModule):
         color_jitter: float = 0.4,
         crop_pct: float = 0.875,
         predict_split: str | None = None,
+        eval_batch_size: int | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, num_workers, backbone, mean, std)
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
+        self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
+        self.predict_split = predict_split or val_split
+        self.scale, self.color_jitter, self.crop_pct = tuple(scale), color_jitter, crop_pct
         self.class_names = find_classes(self.root / train_split)
         self.num_classes = len(self.class_names)
 
+    @property
+    def train_location(self) -> str:
+        return str(self.root / self.train_split)
+
     def _eval_split(self, split: str) -> ImageFolderDataset:
-        return ImageFolderDataset(
-            self.root / split, self.eval_transforms(self.hparams.crop_pct), class_names=self.class_names
-        )
+        return ImageFolderDataset(self.root / split, self.eval_transforms(self.crop_pct), class_names=self.class_names)
 
     def setup(self, stage: str) -> None:
-        hp = self.hparams
         if stage == "fit":
-            train_transform = self.train_transforms(hp.scale, hp.color_jitter)
+            train_transform = self.train_transforms(self.scale, self.color_jitter)
             self.train_dataset = ImageFolderDataset(
-                self.root / hp.train_split, train_transform, class_names=self.class_names
+                self.root / self.train_split, train_transform, class_names=self.class_names
             )
-            check_train_size(self.train_dataset, hp.batch_size, self.root / hp.train_split)
         if stage in ("fit", "validate"):
-            self.val_dataset = self._eval_split(hp.val_split)
+            self.val_dataset = self._eval_split(self.val_split)
         if stage == "test":
-            if hp.test_split is None:
+            if self.test_split is None:
                 raise DataError(f"{self.root}: no test split configured; set data.test_split to its folder name")
-            self.test_dataset = self._eval_split(hp.test_split)
+            self.test_dataset = self._eval_split(self.test_split)
         if stage == "predict":
-            self.predict_dataset = self._eval_split(hp.predict_split or hp.val_split)
+            self.predict_dataset = self._eval_split(self.predict_split)

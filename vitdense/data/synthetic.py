@@ -6,13 +6,11 @@ of (seed, split, index), so runs are reproducible and workers need no shared sta
 
 from __future__ import annotations
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from vitdense.data.base import image_dataloader
-from vitdense.data.transforms import normalization
+from vitdense.data.base import ImageDataModule
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -94,14 +92,15 @@ class SyntheticShapes(Dataset):
         return LabeledImages(torch.from_numpy(img).permute(2, 0, 1).contiguous(), label, index)
 
 
-class SyntheticClassificationDataModule(L.LightningDataModule):
-    """Synthetic shapes for classification: train/val/test splits that never overlap.
+class SyntheticClassificationDataModule(ImageDataModule):
+    """Synthetic shapes for classification: train/val/test splits that never overlap
+    (predict uses the validation images).
 
     Args:
         num_classes: shapes to tell apart (2..6).
         img_size: image side.
         train_size, val_size: samples per split (test uses val_size).
-        batch_size, num_workers: loader settings.
+        batch_size, eval_batch_size, num_workers: loader settings (eval_batch_size None: = batch_size).
         seed: base seed of the generator.
         backbone: timm name of the encoder (linked by the CLI); images are normalised with
             its pretrained mean and std.
@@ -117,32 +116,23 @@ class SyntheticClassificationDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         backbone: str | None = None,
+        eval_batch_size: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
-        self.img_size = img_size
-        self.mean, self.std = normalization(backbone)
+        if not 2 <= num_classes <= len(SHAPES):
+            raise DataError(f"num_classes={num_classes}: the synthetic data has 2 to {len(SHAPES)} shapes")
         self.num_classes = num_classes
         self.class_names = list(SHAPES[:num_classes])
+        self.train_size, self.val_size, self.seed = train_size, val_size, seed
 
-    def _split(self, name: str, length: int) -> SyntheticShapes:
-        offset = {"train": 0, "val": 1, "test": 2, "predict": 1}[name]
-        hp = self.hparams
-        return SyntheticShapes(length, hp.img_size, hp.num_classes, hp.seed * 10 + offset, self.mean, self.std)
+    def split(self, name: str) -> SyntheticShapes:
+        """A split's images; the split's name is mixed into the seed so that splits never overlap."""
+        offset, length = {"train": (0, self.train_size), "val": (1, self.val_size), "test": (2, self.val_size)}[name]
+        return SyntheticShapes(length, self.img_size, self.num_classes, self.seed * 10 + offset, self.mean, self.std)
 
-    def _loader(self, name: str, length: int, shuffle: bool) -> DataLoader:
-        # training drops the last partial batch: even, full batches (Mixup pairs samples)
-        return image_dataloader(self._split(name, length), self.hparams.batch_size, self.hparams.num_workers, shuffle)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.hparams.train_size, shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.hparams.val_size, shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.hparams.val_size, shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", self.hparams.val_size, shuffle=False)
+    def setup(self, stage: str) -> None:
+        self.train_dataset = self.split("train")
+        self.val_dataset = self.predict_dataset = self.split("val")
+        self.test_dataset = self.split("test")

@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from vitdense.data.collate import segmentation_dataloader
+from vitdense.data.base import ImageDataModule
 from vitdense.data.seg_transforms import segmentation_eval_transforms
 from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
-from vitdense.data.transforms import normalization
 from vitdense.errors import DataError
 from vitdense.types import SegmentedImages
 
@@ -113,8 +111,9 @@ class SyntheticSegmentation(Dataset):
         return SegmentedImages.of(image_t, mask_t, index)
 
 
-class SyntheticSegmentationDataModule(L.LightningDataModule):
-    """Synthetic scenes for segmentation: train/val/test splits that never overlap.
+class SyntheticSegmentationDataModule(ImageDataModule):
+    """Synthetic scenes for segmentation: train/val/test splits that never overlap
+    (predict uses the validation scenes).
 
     Training images are `img_size` squares, used as drawn. Validation, test and prediction
     images have sides in [0.75, 1.25] x `img_size` (48..80 px for 64), are resized to a
@@ -125,7 +124,7 @@ class SyntheticSegmentationDataModule(L.LightningDataModule):
         num_classes: background plus `num_classes - 1` shapes (2..7).
         img_size: training image side and evaluation short side.
         train_size, val_size: samples per split (test and predict use val_size).
-        batch_size, num_workers: loader settings (evaluation uses the same batch size).
+        batch_size, eval_batch_size, num_workers: loader settings (eval_batch_size None: = batch_size).
         seed: base seed of the generator.
         backbone: timm name of the encoder (linked by the CLI); images are normalised with
             its pretrained mean and std.
@@ -141,44 +140,38 @@ class SyntheticSegmentationDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         backbone: str | None = None,
+        eval_batch_size: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES) + 1:
             raise DataError(f"num_classes={num_classes}: expected 2 to {len(SHAPES) + 1} (background plus shapes)")
-        self.img_size = img_size
         self.num_classes = num_classes
         self.class_names = ["background", *SHAPES[: num_classes - 1]]
         self.ignore_index = 255  # no pixel is unlabelled; batches pad label maps with it
-        self.mean, self.std = normalization(backbone)
+        self.train_size, self.val_size, self.seed = train_size, val_size, seed
 
-    def _split(self, name: str, length: int) -> SyntheticSegmentation:
-        offset = {"train": 0, "val": 1, "test": 2, "predict": 1}[name]
-        hp = self.hparams
-        seed = hp.seed * 10 + offset
+    def split(self, name: str) -> SyntheticSegmentation:
+        """A split's scenes; the split's name is mixed into the seed so that splits never overlap."""
+        offset, length = {"train": (0, self.train_size), "val": (1, self.val_size), "test": (2, self.val_size)}[name]
+        seed = self.seed * 10 + offset
         if name == "train":
-            return SyntheticSegmentation(length, hp.img_size, hp.num_classes, seed, self.mean, self.std)
-        size_range = (round(0.75 * hp.img_size), round(1.25 * hp.img_size))
-        transform = segmentation_eval_transforms(hp.img_size, self.mean, self.std)
+            return SyntheticSegmentation(length, self.img_size, self.num_classes, seed, self.mean, self.std)
+        size_range = (round(0.75 * self.img_size), round(1.25 * self.img_size))
+        transform = segmentation_eval_transforms(self.img_size, self.mean, self.std)
         return SyntheticSegmentation(
-            length, hp.img_size, hp.num_classes, seed, self.mean, self.std, size_range=size_range, transform=transform
+            length,
+            self.img_size,
+            self.num_classes,
+            seed,
+            self.mean,
+            self.std,
+            size_range=size_range,
+            transform=transform,
         )
 
-    def _loader(self, name: str, length: int, train: bool) -> DataLoader:
-        hp = self.hparams
-        return segmentation_dataloader(
-            self._split(name, length), hp.batch_size, hp.num_workers, train, self.ignore_index
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", self.hparams.train_size, train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", self.hparams.val_size, train=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", self.hparams.val_size, train=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("predict", self.hparams.val_size, train=False)
+    def setup(self, stage: str) -> None:
+        self.train_dataset = self.split("train")
+        self.val_dataset = self.predict_dataset = self.split("val")
+        self.test_dataset = self.split("test")
