@@ -150,9 +150,9 @@ def test_datamodule_test_split(imagenet):
     assert dm.test_dataloader().dataset.class_names == dm.class_names
 
 
-def test_torch_seed_reproduces_the_training_batches(imagenet):
+def test_the_run_seed_reproduces_the_training_batches(imagenet, monkeypatch):
     def first_batch(seed):
-        torch.manual_seed(seed)
+        monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))  # what seed_everything sets
         dm = ImageFolderDataModule(str(imagenet), img_size=16, batch_size=4, num_workers=0)
         dm.setup("fit")
         return next(iter(dm.train_dataloader()))

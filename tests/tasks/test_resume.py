@@ -1,4 +1,6 @@
-"""A fit killed with SIGKILL mid-epoch resumes with `--ckpt_path last` from its last step."""
+"""A fit killed with SIGKILL mid-epoch resumes with `--ckpt_path last` exactly: same data
+order, same augmentation draws, same dropout/drop-path/Mixup randomness, same schedule, so
+the final weights equal those of a run that was never stopped."""
 
 import os
 import signal
@@ -7,21 +9,56 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
+from PIL import Image
+
+import vitdense.tasks  # noqa: F401  (registers the types checkpoints hold for weights_only loading)
 
 DEMO = Path(__file__).parents[2] / "configs" / "demo_cls.yaml"
 STEPS_PER_EPOCH = 8
+BATCH = 4
 
 
-def write_config(tmp_path: Path) -> Path:
+def image_folder(root: Path) -> Path:
+    """An ImageNet-layout training split: 2 classes x 16 images of varied sizes, plus val."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 16), ("val", 2)):
+        for label in ("a", "b"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                h, w = (int(v) for v in rng.integers(24, 48, 2))
+                pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def write_config(tmp_path: Path, run: str) -> Path:
     cfg = yaml.safe_load(DEMO.read_text())
-    cfg["trainer"].update(max_epochs=3, default_root_dir=str(tmp_path / "run"), log_every_n_steps=1)
+    out = tmp_path / run
+    cfg["trainer"].update(
+        max_epochs=3, default_root_dir=str(out), log_every_n_steps=1, precision="32-true", num_sanity_val_steps=1
+    )
     for callback in cfg["trainer"]["callbacks"]:
-        callback["init_args"]["dirpath"] = str(tmp_path / "run" / "checkpoints")
+        callback["init_args"]["dirpath"] = str(out / "checkpoints")
     cfg["trainer"]["callbacks"][1]["init_args"]["every_n_train_steps"] = 3
-    cfg["data"]["init_args"].update(img_size=32, train_size=8 * STEPS_PER_EPOCH, val_size=8, batch_size=8)
-    path = tmp_path / "cfg.yaml"
+    model = cfg["model"]["init_args"]
+    model["backbone"].update(drop_path_rate=0.2, model_args={"depth": 2})  # randomness in every step
+    model["mixup_alpha"] = 0.4  # numpy's global RNG, through timm's Mixup
+    # random resized crops, flips and colour jitter from albumentations, 2 loader workers
+    cfg["data"] = {
+        "class_path": "vitdense.data.ImageFolderDataModule",
+        "init_args": {
+            "root": str(image_folder(tmp_path / f"{run}_data")),
+            "img_size": 32,
+            "batch_size": BATCH,
+            "num_workers": 2,
+            "color_jitter": 0.4,
+        },
+    }
+    path = tmp_path / f"{run}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
@@ -38,22 +75,24 @@ def fit(cfg: Path, *extra: str) -> subprocess.Popen:
     )
 
 
-def saved_step(path: Path) -> int:
-    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def test_sigkill_mid_epoch_then_resume_from_last(tmp_path):
-    cfg = write_config(tmp_path)
-    ckpt_dir = tmp_path / "run" / "checkpoints"
+def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
+    # the reference: the same seeded run, never stopped
+    reference = fit(write_config(tmp_path, "reference"))
+    cfg = write_config(tmp_path, "killed")
+    ckpt_dir = tmp_path / "killed" / "checkpoints"
     proc = fit(cfg)
     deadline = time.time() + 240
     killed_after = None
     while time.time() < deadline and proc.poll() is None:
         last = ckpt_dir / "last.ckpt"
-        if last.exists() and saved_step(last) >= STEPS_PER_EPOCH + 3:  # inside the second epoch
+        if last.exists() and load(last)["global_step"] >= STEPS_PER_EPOCH + 3:  # inside the second epoch
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-            killed_after = saved_step(last)
+            killed_after = load(last)["global_step"]
             break
         time.sleep(0.05)
     assert killed_after is not None, f"training ended or hung before a mid-epoch checkpoint: {proc.stderr.read()}"
@@ -64,9 +103,19 @@ def test_sigkill_mid_epoch_then_resume_from_last(tmp_path):
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     assert f"Restoring states from the checkpoint path at {ckpt_dir / 'last.ckpt'}" in err
+    assert "not resumable" not in err  # Lightning's warning for loaders that restart their epoch
     # the resumed run logged its first step after the checkpoint's, not from zero, and finished
-    metrics = (tmp_path / "run" / "lightning_logs" / "version_1" / "metrics.csv").read_text().splitlines()
+    metrics = (tmp_path / "killed" / "lightning_logs" / "version_1" / "metrics.csv").read_text().splitlines()
     header = metrics[0].split(",")
     steps = [int(row.split(",")[header.index("step")]) for row in metrics[1:]]
     assert min(steps) >= killed_after
-    assert saved_step(ckpt_dir / "last.ckpt") == 3 * STEPS_PER_EPOCH
+    final = load(ckpt_dir / "last.ckpt")
+    assert final["global_step"] == 3 * STEPS_PER_EPOCH
+
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err
+    expected = load(tmp_path / "reference" / "checkpoints" / "last.ckpt")
+    assert expected["global_step"] == final["global_step"]
+    diff = max((final["state_dict"][k] - v).abs().max().item() for k, v in expected["state_dict"].items())
+    print(f"max |resumed - uninterrupted| over all weights: {diff:.3g}")
+    assert diff <= 1e-6

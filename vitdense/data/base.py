@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import albumentations as A
 import lightning as L
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.collate import pad_collate
+from vitdense.data.samplers import EpochSeededDataset, EvalSampler, TrainSampler, data_seed, resume_position
 from vitdense.data.transforms import (
     classification_eval_transforms,
     classification_train_transforms,
@@ -24,24 +27,61 @@ from vitdense.errors import DataError
 Triple = tuple[float, float, float]
 
 
-def image_dataloader(
-    dataset: Dataset, batch_size: int, num_workers: int, train: bool, collate_fn: Callable | None = None
-) -> DataLoader:
-    """Loader of image batches; training shuffles and drops the last partial batch.
+class ResumableDataLoader(DataLoader):
+    """A training `DataLoader` whose position Lightning saves in checkpoints and restores.
 
-    Dropping it keeps every training step at full batch size (Mixup pairs samples, stable
-    loss scale); evaluation keeps every sample. Workers reseed their augmentations.
+    `state_dict()` records (epoch, batches the training loop has completed in it), read
+    from the trainer through `position` — not from the loader itself, which has already
+    prefetched batches the loop has not used; `load_state_dict` makes the `TrainSampler`
+    skip the completed batches of that epoch.
     """
-    return DataLoader(
-        dataset,
+
+    def __init__(self, *args: Any, position: Callable[[], tuple[int, int]] | None = None, **kwargs: Any) -> None:
+        # DataLoader's own arguments, forwarded (Lightning re-creates loaders from them)
+        super().__init__(*args, **kwargs)
+        self.position = position
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_position": list(self.position())} if self.position is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "train_position" in state_dict and isinstance(self.sampler, TrainSampler):
+            epoch, batches = state_dict["train_position"]
+            self.sampler.resume(epoch, batches * self.batch_size)
+
+
+def image_dataloader(
+    dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    train: bool,
+    collate_fn: Callable | None = None,
+    position: Callable[[], tuple[int, int]] | None = None,
+) -> DataLoader:
+    """Loader of image batches (`pad_collate` by default), in a resumable, process-aware order.
+
+    Training shuffles with a `TrainSampler` (seeded per epoch, sharded across processes,
+    each sample's augmentation seeded from (seed, epoch, index)) and drops the last partial
+    batch: every step has a full batch (Mixup pairs samples, stable loss scale). With
+    `position` (the trainer's (epoch, completed batches)), checkpoints record where the
+    epoch is and a resumed run continues from the next batch (`ResumableDataLoader`).
+    Evaluation keeps every sample once across processes (`EvalSampler`). The loader's own
+    generator keeps data loading off the global RNG, which dropout and Mixup draw from.
+    """
+    seed = data_seed()
+    common = dict(
         batch_size=batch_size,
-        shuffle=train,
         drop_last=train,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         worker_init_fn=seed_worker_transforms,
         collate_fn=collate_fn or pad_collate,
+        generator=torch.Generator().manual_seed(seed),
     )
+    if train:
+        sampler = TrainSampler(dataset, seed)
+        return ResumableDataLoader(EpochSeededDataset(dataset, seed), sampler=sampler, position=position, **common)
+    return DataLoader(dataset, sampler=EvalSampler(dataset), **common)
 
 
 def check_train_size(dataset: Dataset, batch_size: int, where: str | Path) -> None:
@@ -122,7 +162,8 @@ class ImageDataModule(L.LightningDataModule):
             check_train_size(dataset, self.batch_size, self.train_location)
         batch_size = self.batch_size if train else self.eval_batch_size
         collate = partial(pad_collate, ignore_index=self.ignore_index)
-        return image_dataloader(dataset, batch_size, self.num_workers, train, collate)
+        position = (lambda: resume_position(self.trainer)) if train else None
+        return image_dataloader(dataset, batch_size, self.num_workers, train, collate, position)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, "train")

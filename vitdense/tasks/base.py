@@ -21,12 +21,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Literal
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -130,6 +132,29 @@ class BackboneConfig:
         elif self.freeze_blocks:
             backbone.freeze(self.freeze_blocks)
         return backbone
+
+
+def rng_states() -> dict[str, Any]:
+    """The global random states (torch, CUDA, numpy, Python) as tensors and plain values, so
+    that checkpoints holding them still load with `torch.load(weights_only=True)`."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what `rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 DEFAULT_BACKBONE = BackboneConfig()
@@ -276,8 +301,31 @@ class BaseTask(L.LightningModule):
     def test_step(self, batch: Any, batch_idx: int) -> None:
         self._shared_step(batch, "test")
 
+    def on_train_start(self) -> None:
+        # schedule lengths from the trainer, resolved here rather than in configure_optimizers:
+        # by now the train loader exists (and, when resuming, has been restored to its position);
+        # asking for it earlier would build it before the checkpoint's loader state is loaded
+        for config in self.trainer.lr_scheduler_configs:
+            if isinstance(config.scheduler, WarmupSchedule):
+                config.scheduler.resolve(*self._schedule_units(config.interval))
+
     def on_train_epoch_end(self) -> None:
         self._end_epoch("train")
+
+    # ------------------------------------------------------------------ exact resume
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # the global RNGs (dropout, drop path, Mixup's numpy draws) as the next step would find them
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # restored right before the first resumed step, not at load time: sanity checks and
+        # loader start-up between the two could otherwise draw from them
+        if getattr(self, "_rng_to_restore", None) is not None:
+            set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
 
     def on_validation_epoch_end(self) -> None:
         self._end_epoch("val")
@@ -294,8 +342,6 @@ class BaseTask(L.LightningModule):
         # a plateau schedule watches the validation metric once it exists and counts its patience in epochs
         plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         interval = "epoch" if plateau else self.lr_interval
-        if isinstance(scheduler, WarmupSchedule):
-            scheduler.resolve(*self._schedule_units(interval))
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": interval, "monitor": self.monitor},
@@ -309,7 +355,5 @@ class BaseTask(L.LightningModule):
                 raise ConfigError("lr_interval: epoch needs trainer.max_epochs (the schedule's length in epochs)")
             return trainer.max_epochs, 1.0
         total = int(trainer.estimated_stepping_batches)
-        if math.isinf(trainer.num_training_batches):  # max_steps alone does not load the train loader
-            trainer.fit_loop.setup_data()
         per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         return total, float(per_epoch)

@@ -1,0 +1,138 @@
+"""Data order that survives a kill and a change of process count.
+
+Training: `TrainSampler` draws each epoch's permutation from its own generator seeded with
+(seed, epoch) — never from the global RNG — shards it across processes like torch's
+`DistributedSampler(drop_last=True)`, and yields `(epoch, index)` pairs so that
+`EpochSeededDataset` can seed each sample's augmentation from (seed, epoch, index): the
+same draws whichever process or worker loads it, and after a resume. A resumed run skips
+the samples its epoch had already consumed (`resume`), so it continues exactly where the
+killed run was.
+
+Evaluation: `EvalSampler` splits the dataset across processes without repeating samples
+(torch's sampler pads the shards by repeating some, which dataset-level metrics would count
+twice); shards may then differ in length by one, which evaluation tolerates (no collective
+per step). Both subclass `DistributedSampler`, so Lightning leaves them in place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import albumentations as A
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+
+def world() -> tuple[int, int]:
+    """(number of processes, this process's rank) of the default process group, or (1, 0)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+class TrainSampler(DistributedSampler):
+    """A seeded, sharded, resumable shuffle of `dataset` (see the module docstring).
+
+    Yields `(epoch, index)`; every process gets `len(dataset) // num_replicas` samples per
+    epoch (the permutation's tail that does not divide evenly is dropped, as
+    `DistributedSampler(drop_last=True)` does).
+
+    Args:
+        dataset: the training dataset.
+        seed: seed of the permutations (the same on every process).
+        num_replicas, rank: the process layout; default: the current process group's.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int, num_replicas: int | None = None, rank: int | None = None) -> None:
+        size, this = world()
+        super().__init__(
+            dataset,
+            num_replicas=size if num_replicas is None else num_replicas,
+            rank=this if rank is None else rank,
+            shuffle=True,
+            seed=seed,
+            drop_last=True,
+        )
+        self._skip: tuple[int, int] | None = None  # (epoch, samples of this process to skip)
+
+    def resume(self, epoch: int, consumed: int) -> None:
+        """Continue `epoch` after the first `consumed` samples of this process's shard.
+
+        The epoch is set here too: a loader with workers draws its first indices as soon as
+        its iterator exists, which Lightning creates before it announces the epoch.
+        """
+        self.set_epoch(epoch)
+        self._skip = (epoch, consumed) if consumed > 0 else None
+
+    def order(self, epoch: int) -> list[int]:
+        """This process's indices of `epoch`, in order."""
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        indices = torch.randperm(len(self.dataset), generator=generator).tolist()
+        return indices[: self.total_size][self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        indices = self.order(self.epoch)
+        if self._skip is not None and self._skip[0] == self.epoch:
+            indices = indices[self._skip[1] :]
+        self._skip = None
+        return iter([(self.epoch, i) for i in indices])
+
+
+class EvalSampler(DistributedSampler):
+    """Every sample exactly once across processes, in order within each: rank r takes
+    indices r, r + W, r + 2W, ... (no padding, so shards differ in length by at most one)."""
+
+    def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
+        size, this = world()
+        super().__init__(
+            dataset,
+            num_replicas=size if num_replicas is None else num_replicas,
+            rank=this if rank is None else rank,
+            shuffle=False,
+        )
+        self.num_samples = len(range(self.rank, len(self.dataset), self.num_replicas))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+
+
+class EpochSeededDataset(Dataset):
+    """`dataset` indexed by `(epoch, index)`: before loading a sample, its albumentations
+    pipeline (`dataset.transform`, if any) is seeded from (seed, epoch, index), so a sample's
+    augmentation depends on nothing else — not the worker, the process, or a restart."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        # prediction writers and tests look up `samples`, `image_paths`, ... on the dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        transform = getattr(self.dataset, "transform", None)
+        if isinstance(transform, A.BaseCompose):
+            transform.set_random_seed(((self.seed * 1_000_003 + epoch) * 1_000_033 + index) % 2**32)
+        return self.dataset[index]
+
+
+def data_seed() -> int:
+    """The run's seed for data order and augmentation: `seed_everything`'s (the same on every
+    process), or 0 when the run is not seeded (as torch's `DistributedSampler`)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def resume_position(trainer: Any) -> tuple[int, int]:
+    """(epoch, batches of it the training loop has processed) of a running trainer."""
+    return (
+        trainer.fit_loop.epoch_progress.current.processed,
+        trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+    )
