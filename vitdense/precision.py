@@ -27,29 +27,47 @@ class Bf16Support(NamedTuple):
     reason: str
 
 
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux x86), or None where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
 @functools.cache
-def cpu_bf16_support(size: int = 256, repeats: int = 5) -> Bf16Support:
-    """Time a [size, size] matmul in bf16 and in fp32 on this CPU (best of `repeats`).
+def cpu_bf16_support(size: int = 256, repeats: int = 7) -> Bf16Support:
+    """Whether bf16 matmuls run natively on this CPU, measured.
 
-    Native bf16 (AVX512-BF16, AMX) ran it about 2x faster than fp32 on the build machine;
-    emulation (AVX2 only, or the bf16 ISA hidden) ran it about 60x slower. The threshold of
-    3x slower sits far from both, so a busy machine does not flip the answer. Cached:
-    measured once per process (a few ms with native bf16, ~0.1 s without).
+    An x86 CPU whose flags lack AVX512-BF16 and AMX-BF16 has no native bf16. Otherwise a
+    [size, size] matmul is timed in bf16 and in fp32 on one thread (best of `repeats`,
+    interleaved, so that a busy machine slows both alike): native bf16 ran it about 2-4x
+    faster than fp32 on the build machine, emulation (the bf16 ISA hidden with
+    `ONEDNN_MAX_CPU_ISA=AVX2`) 20-70x slower; the threshold of 3x slower sits far from both.
+    Cached: measured once per process (a few ms with native bf16, ~0.3 s without).
     """
+    flags = cpu_flags()
+    if flags is not None and "avx2" in flags and not flags & {"avx512_bf16", "amx_bf16"}:
+        return Bf16Support(False, "this CPU has no native bf16 (no AVX512-BF16 or AMX-BF16 among its flags)")
     a = torch.randn(size, size, generator=torch.Generator().manual_seed(0))
-
-    def best_seconds(x: torch.Tensor) -> float:
-        for _ in range(2):  # warm-up: kernel selection, first-touch allocation
-            x @ x
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            x @ x
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    fp32, bf16 = best_seconds(a), best_seconds(a.bfloat16())
-    ratio = bf16 / max(fp32, 1e-9)
+    b = a.bfloat16()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times: dict[torch.dtype, list[float]] = {torch.float32: [], torch.bfloat16: []}
+        for i in range(repeats + 2):  # the first two rounds warm up kernel selection and memory
+            for x in (a, b):
+                start = time.perf_counter()
+                x @ x
+                if i >= 2:
+                    times[x.dtype].append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    ratio = min(times[torch.bfloat16]) / max(min(times[torch.float32]), 1e-9)
     if ratio < 3.0:
         speed = f"{1 / ratio:.1f}x faster than" if ratio < 1 else f"{ratio:.1f}x the time of"
         return Bf16Support(True, f"this CPU computes bf16 natively: a bf16 matmul ran {speed} fp32")

@@ -117,10 +117,12 @@ class BackboneConfig:
     layer_decay: float = 1.0
     model_args: dict[str, Any] | None = None
 
-    def build(self) -> VisionTransformer:
+    def build(self, load_pretrained: bool = True) -> VisionTransformer:
+        """The encoder; with `load_pretrained=False` a `pretrained` one is left at its random
+        initialisation (tasks load the weights later, once per node; see `BaseTask.prepare_data`)."""
         backbone = create_backbone(
             self.name,
-            self.pretrained,
+            self.pretrained and load_pretrained,
             self.checkpoint,
             self.img_size,
             drop_path_rate=self.drop_path_rate,
@@ -132,6 +134,11 @@ class BackboneConfig:
         elif self.freeze_blocks:
             backbone.freeze(self.freeze_blocks)
         return backbone
+
+
+def _mark_weights_loaded(task: nn.Module, incompatible_keys: Any) -> None:
+    """After a state dict is loaded into a task: its weights are no longer the hub's to load."""
+    task.pretrained_loaded = True
 
 
 def rng_states() -> dict[str, Any]:
@@ -195,7 +202,12 @@ class BaseTask(L.LightningModule):
         self.lr_scheduler = lr_scheduler
         self.lr_interval = lr_interval
         self.backbone_config = backbone
-        self.backbone: VisionTransformer = backbone.build()
+        # hub weights arrive in prepare_data/setup (fetched once per node, then loaded by every
+        # process), and never when a checkpoint's weights replace them anyway
+        self.backbone: VisionTransformer = backbone.build(load_pretrained=False)
+        self.pretrained_loaded = not backbone.pretrained
+        # weights loaded into the task (a checkpoint, a state dict) replace the hub's for good
+        self.register_load_state_dict_post_hook(_mark_weights_loaded)
         self.head: nn.Module = nn.Identity()  # the subclass builds its head
         self.set_metrics(MetricCollection({}))
 
@@ -255,6 +267,30 @@ class BaseTask(L.LightningModule):
         """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""
         cfg = self.backbone_config
         return param_groups(self.backbone, self.head, cfg.lr_scale, cfg.layer_decay)
+
+    # ----------------------------------------------------------------- pretrained weights
+    def fetch_pretrained(self) -> None:
+        """Download the backbone's hub weights into the local cache. Lightning calls
+        `prepare_data` on one process per node, before the others start `setup`."""
+        cfg = self.backbone_config
+        create_backbone(cfg.name, pretrained=True, img_size=self.backbone.img_size, model_args=cfg.model_args)
+
+    def load_pretrained(self) -> None:
+        """Load the backbone's hub weights (from the cache once fetched). Called by `setup`;
+        call it yourself to use a task with `pretrained: true` outside a Trainer."""
+        cfg = self.backbone_config
+        weights = create_backbone(cfg.name, pretrained=True, img_size=self.backbone.img_size, model_args=cfg.model_args)
+        self.backbone.load_state_dict(weights.state_dict())
+        self.pretrained_loaded = True
+
+    def prepare_data(self) -> None:
+        if not self.pretrained_loaded and self.trainer.ckpt_path is None:
+            self.fetch_pretrained()
+
+    def setup(self, stage: str) -> None:
+        # a run restored from a checkpoint gets the checkpoint's weights: no fetch, works offline
+        if not self.pretrained_loaded and self.trainer.ckpt_path is None:
+            self.load_pretrained()
 
     # ------------------------------------------------------------------------ the loop
     def metrics_of(self, stage: Stage) -> MetricCollection | None:
