@@ -51,7 +51,8 @@ class TwoTermTask(BaseTask):
         return {f"{stage}/top": count / 100, f"{stage}/count": count}
 
 
-def fit(task, epochs=2, batch_size=4):
+def fit(task, epochs=2, batch_size=4, **trainer_args):
+    """Train on 16 synthetic images (validate on 6); the trainer that ran."""
     data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=6, batch_size=batch_size)
     trainer = L.Trainer(
         max_epochs=epochs,
@@ -61,6 +62,7 @@ def fit(task, epochs=2, batch_size=4):
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
+        **trainer_args,
     )
     trainer.fit(task, datamodule=data)
     return trainer
@@ -104,17 +106,7 @@ def lrs_of(task, epochs, batch_size):
         def on_train_batch_start(self, trainer, *args):
             lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
 
-    data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=4, batch_size=batch_size)
-    L.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        callbacks=[Record()],
-    ).fit(task, datamodule=data)
+    fit(task, epochs, batch_size, limit_val_batches=0, callbacks=[Record()])
     return lrs
 
 

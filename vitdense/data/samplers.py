@@ -25,11 +25,12 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 
-def world() -> tuple[int, int]:
-    """(number of processes, this process's rank) of the default process group, or (1, 0)."""
+def world(num_replicas: int | None = None, rank: int | None = None) -> dict[str, int]:
+    """`num_replicas` and `rank` as given, else the default process group's, else 1 and 0."""
+    size, this = 1, 0
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size(), torch.distributed.get_rank()
-    return 1, 0
+        size, this = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return {"num_replicas": size if num_replicas is None else num_replicas, "rank": this if rank is None else rank}
 
 
 class TrainSampler(DistributedSampler):
@@ -46,15 +47,7 @@ class TrainSampler(DistributedSampler):
     """
 
     def __init__(self, dataset: Dataset, seed: int, num_replicas: int | None = None, rank: int | None = None) -> None:
-        size, this = world()
-        super().__init__(
-            dataset,
-            num_replicas=size if num_replicas is None else num_replicas,
-            rank=this if rank is None else rank,
-            shuffle=True,
-            seed=seed,
-            drop_last=True,
-        )
+        super().__init__(dataset, **world(num_replicas, rank), shuffle=True, seed=seed, drop_last=True)
         self._skip: tuple[int, int] | None = None  # (epoch, samples of this process to skip)
 
     def resume(self, epoch: int, consumed: int) -> None:
@@ -85,13 +78,7 @@ class EvalSampler(DistributedSampler):
     indices r, r + W, r + 2W, ... (no padding, so shards differ in length by at most one)."""
 
     def __init__(self, dataset: Dataset, num_replicas: int | None = None, rank: int | None = None) -> None:
-        size, this = world()
-        super().__init__(
-            dataset,
-            num_replicas=size if num_replicas is None else num_replicas,
-            rank=this if rank is None else rank,
-            shuffle=False,
-        )
+        super().__init__(dataset, **world(num_replicas, rank), shuffle=False)
         self.num_samples = len(range(self.rank, len(self.dataset), self.num_replicas))
 
     def __iter__(self) -> Iterator[int]:
