@@ -10,6 +10,7 @@ from tests.data.test_ade20k import label_map, write_pair
 from tests.data.test_cifar import write_fake_cifar
 from tests.data.test_imagefolder import make_split
 from vitdense.cli import main
+from vitdense.data import write_synthetic_coco
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 TESTED = {
@@ -21,6 +22,8 @@ TESTED = {
     "seg_ade20k.yaml",
     "seg_ade20k_linear.yaml",
     "seg_ade20k_hybrid.yaml",
+    "demo_det.yaml",
+    "det_coco.yaml",
 }
 
 
@@ -54,6 +57,19 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
             "--data.init_args.crop_size=64",
             "--data.init_args.eval_short_side=64",
             "--data.init_args.scale=[256, 64]",
+            "--data.init_args.batch_size=2",
+            "--data.init_args.num_workers=0",
+        ]
+    if class_path.endswith("COCODataModule"):
+        root = tmp_path / "coco"
+        for split in ("train2017", "val2017"):
+            write_synthetic_coco(root, split, 4, img_size=48, num_classes=3, seed=0)
+        return [
+            f"--data.init_args.root={root}",
+            "--data.init_args.scales=[64]",
+            "--data.init_args.crop_scales=[64]",
+            "--data.init_args.crop_size=[32, 64]",
+            "--data.init_args.eval_short_side=64",
             "--data.init_args.batch_size=2",
             "--data.init_args.num_workers=0",
         ]

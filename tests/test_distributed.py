@@ -11,9 +11,13 @@ import lightning as L
 import pytest
 import torch
 
-from vitdense.data import SyntheticClassificationDataModule, SyntheticSegmentationDataModule
-from vitdense.heads import LinearDecoder
-from vitdense.tasks import BackboneConfig, ClassificationTask, LinearProbeTask, SegmentationTask
+from vitdense.data import (
+    SyntheticClassificationDataModule,
+    SyntheticDetectionDataModule,
+    SyntheticSegmentationDataModule,
+)
+from vitdense.heads import DETRHead, LinearDecoder
+from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, LinearProbeTask, SegmentationTask
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2})
 
@@ -57,6 +61,18 @@ def test_validation_metrics_count_every_sample_once(devices):
     multi = trainer(devices).validate(seg, datamodule=seg_data, verbose=False)[0]
     for key in ("val/mIoU", "val/mAcc", "val/aAcc"):
         assert multi[key] == single[key], key
+
+
+def test_detection_ap_counts_every_image_once(tmp_path):
+    torch.manual_seed(0)
+    head = partial(DETRHead, hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=30, dec_layers=1)
+    det = DetectionTask(num_classes=3, head=head, backbone=TINY)
+    data = SyntheticDetectionDataModule(root=str(tmp_path / "det"), img_size=32, train_size=2, val_size=7, eval_batch_size=2)
+    single = trainer(1).validate(det, datamodule=data, verbose=False)[0]
+    multi = trainer(2).validate(det, datamodule=data, verbose=False)[0]
+    for key in ("val/map", "val/map_50", "val/mar_100"):
+        assert multi[key] == single[key], key
+    assert single["val/mar_100"] > 0  # random boxes hit some objects: a figure a repeated image would change
 
 
 def test_one_ddp_step_equals_one_step_on_the_global_batch():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
-from PIL import Image
+from PIL import Image, ImageDraw
 
 _logger = logging.getLogger(__name__)
 
@@ -147,3 +148,69 @@ class SegmentationPredictionWriter(BasePredictionWriter):
                 image = np.asarray(Image.open(path).convert("RGB").resize(labels.shape[::-1]), dtype=np.float32)
                 blend = (1 - self.alpha) * image + self.alpha * palette[labels].astype(np.float32)
                 Image.fromarray(blend.round().astype(np.uint8)).save(self.output_dir / f"{stem}_overlay.jpg")
+
+
+class COCOResultsWriter(BasePredictionWriter):
+    """Write the predicted boxes as a COCO results JSON (`image_id`, original `category_id`,
+    `bbox` [x, y, width, height] pixels, `score`), readable by pycocotools' `loadRes` and
+    any COCO tool; optionally draw them over the images. The dataset must be a COCO-format
+    one (`CocoDetection`). With several processes each writes `<stem>.rank<r>.json`.
+
+    Args:
+        output_file: the JSON to write (folders are created).
+        draw_dir: if given, also write `<stem>.jpg` per image with its boxes drawn.
+        score_threshold: boxes drawn from this score on (the JSON keeps every detection).
+    """
+
+    def __init__(
+        self, output_file: str = "predictions.json", draw_dir: str | None = None, score_threshold: float = 0.5
+    ) -> None:
+        super().__init__(write_interval="batch")
+        self.output_file = Path(output_file)
+        self.draw_dir = Path(draw_dir) if draw_dir else None
+        self.score_threshold = score_threshold
+        self.results: list[dict] = []
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.results = []
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        from vitdense.data.coco import coco_results  # data imports albumentations; callbacks stay light
+
+        dataset = predicted_dataset(trainer, dataloader_idx)
+        self.results += coco_results(prediction, dataset.index)
+        if self.draw_dir is None:
+            return
+        self.draw_dir.mkdir(parents=True, exist_ok=True)
+        names = getattr(pl_module, "class_names", None)
+        for index, boxes, scores, labels in zip(
+            prediction.index.tolist(), prediction.boxes, prediction.scores, prediction.labels, strict=True
+        ):
+            path = Path(dataset.image_paths[index])
+            keep = scores >= self.score_threshold
+            image = Image.open(path).convert("RGB")
+            draw = ImageDraw.Draw(image)
+            for box, score, label in zip(
+                boxes[keep].tolist(), scores[keep].tolist(), labels[keep].tolist(), strict=True
+            ):
+                colour = tuple(int(c) for c in default_palette(max(label + 1, 1))[label])
+                draw.rectangle(box, outline=colour, width=2)
+                draw.text((box[0] + 2, box[1] + 1), f"{names[label] if names else label} {score:.2f}", fill=colour)
+            image.save(self.draw_dir / f"{path.stem}.jpg")
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        path = self.output_file
+        if trainer.world_size > 1:
+            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.results))
+        _logger.info("wrote %d detections to %s", len(self.results), path)

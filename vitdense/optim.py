@@ -117,6 +117,46 @@ class WarmupPolyLR(WarmupSchedule):
         return (1 - progress) ** self.power
 
 
+class WarmupMultiStepLR(WarmupSchedule):
+    """Warmup, then the base rate multiplied by `gamma` at each milestone (DETR: x0.1 at
+    epoch 200 of 300). Milestones may be given in epochs (converted with the trainer's steps
+    per epoch, like `warmup_epochs`) or in schedule units, counted from the first step.
+
+    Args:
+        milestone_epochs: epochs (may be fractional) at which the rate drops.
+        milestones: schedule units (steps, or epochs with `lr_interval: epoch`) at which it drops.
+        gamma: factor of each drop.
+        (the rest: see `WarmupSchedule`; `min_lr_ratio` does not apply)
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        milestone_epochs: list[float] | None = None,
+        milestones: list[int] | None = None,
+        gamma: float = 0.1,
+        warmup_steps: int = 0,
+        total_steps: int | None = None,
+        warmup_epochs: float = 0.0,
+    ) -> None:
+        self.milestone_epochs = list(milestone_epochs or [])
+        self.milestones = list(milestones or [])
+        self.gamma = gamma
+        super().__init__(optimizer, warmup_steps, total_steps, 0.0, warmup_epochs)
+
+    @property
+    def milestone_steps(self) -> list[int]:
+        """Every milestone in schedule units (epoch milestones only once resolved)."""
+        epochs = [round(e * self._units_per_epoch) for e in self.milestone_epochs] if self._units_per_epoch else []
+        return sorted(self.milestones + epochs)
+
+    def _factor(self, step: int) -> float:
+        warmup = self.warmup
+        if step < warmup:
+            return (step + 1) / warmup
+        return self.gamma ** sum(step >= m for m in self.milestone_steps)
+
+
 def param_groups(
     backbone: VisionTransformer,
     head: nn.Module,

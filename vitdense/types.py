@@ -102,3 +102,76 @@ class SegmentationPrediction(NamedTuple):
 
     index: torch.Tensor
     labels: list[torch.Tensor]
+
+
+class BoxTargets(NamedTuple):
+    """One image's objects as the detection loss sees them: boxes [n, 4] (cx, cy, w, h) in
+    [0, 1] of the unpadded image, labels [n] int64 contiguous class indices (n may be 0)."""
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+
+
+class EvalTargets(NamedTuple):
+    """One image's original annotations for COCO evaluation: boxes [n, 4] absolute (x1, y1,
+    x2, y2) pixels of the original image, labels [n] contiguous class indices, iscrowd [n]
+    int64 and area [n] float (the annotation's own, which COCO's small/medium/large use).
+    Crowd regions are kept here (COCOeval ignores detections on them) and dropped from
+    training targets."""
+
+    boxes: torch.Tensor
+    labels: torch.Tensor
+    iscrowd: torch.Tensor
+    area: torch.Tensor
+
+
+class DetectedImages(NamedTuple):
+    """An image with its objects, or a padded batch of them.
+
+    Attributes:
+        image: [3, H, W] normalised image; [B, 3, H, W] zero-padded right/bottom in a batch.
+        targets: the objects to learn (`BoxTargets`, crowds excluded); a tuple of B in a batch.
+        index: position of the sample in its dataset.
+        pad_mask: [B, H, W] bool, True on image padding (None for a single sample).
+        image_sizes: (H, W) of the image before padding; one pair per image in a batch.
+        orig_sizes: (H0, W0) of the image as stored, before any resize; boxes are predicted
+            relative to the image and scaled to this size for evaluation and export.
+        eval_targets: the original annotations (`EvalTargets`), or None where not needed.
+    """
+
+    image: torch.Tensor
+    targets: BoxTargets | tuple[BoxTargets, ...]
+    index: torch.Tensor | int = -1
+    pad_mask: torch.Tensor | None = None
+    image_sizes: tuple[Size, ...] | Size | None = None
+    orig_sizes: tuple[Size, ...] | Size | None = None
+    eval_targets: EvalTargets | tuple[EvalTargets | None, ...] | None = None
+
+
+class DetectionOutput(NamedTuple):
+    """A DETR head's predictions for a batch.
+
+    Attributes:
+        logits: [B, Q, K + 1] class logits, the last class being "no object".
+        boxes: [B, Q, 4] (cx, cy, w, h) in [0, 1] of each unpadded image.
+        aux: the same pair from every earlier decoder layer (first to last but one), for
+            the auxiliary losses; empty when they are off.
+        num_groups: query groups (Group DETR) in `logits`/`boxes`, Q = num_groups x queries
+            per group; each group is matched one-to-one on its own. 1 at inference.
+    """
+
+    logits: torch.Tensor
+    boxes: torch.Tensor
+    aux: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    num_groups: int = 1
+
+
+class Detections(NamedTuple):
+    """Post-processed detections of a batch: index [B] (in its dataset); per image, boxes
+    [k, 4] absolute (x1, y1, x2, y2) at the original size, scores [k] and labels [k]
+    (contiguous class indices), best first."""
+
+    index: torch.Tensor
+    boxes: list[torch.Tensor]
+    scores: list[torch.Tensor]
+    labels: list[torch.Tensor]

@@ -9,10 +9,13 @@ from vitdense.data.ade20k import (
 )
 from vitdense.data.base import ClassificationDataModule, ImageDataModule, image_dataloader
 from vitdense.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, CIFARImages
+from vitdense.data.coco import COCODataModule, CocoDetection, load_coco
 from vitdense.data.collate import pad_collate
+from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
 from vitdense.data.imagefolder import ImageFolderDataModule, ImageFolderDataset, find_classes
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.synthetic import SyntheticClassificationDataModule, SyntheticShapes
+from vitdense.data.synthetic_det import SyntheticDetectionDataModule, write_synthetic_coco
 from vitdense.data.synthetic_seg import SyntheticSegmentation, SyntheticSegmentationDataModule
 from vitdense.data.transforms import (
     classification_eval_transforms,
@@ -21,7 +24,7 @@ from vitdense.data.transforms import (
     normalization,
     seed_worker_transforms,
 )
-from vitdense.types import LabeledImages, SegmentedImages
+from vitdense.types import DetectedImages, LabeledImages, SegmentedImages
 
 __all__ = [
     "ADE20K_CLASSES",
@@ -30,6 +33,9 @@ __all__ = [
     "CIFAR100_CLASSES",
     "ADE20KDataModule",
     "ClassificationDataModule",
+    "COCODataModule",
+    "CocoDetection",
+    "DetectedImages",
     "ImageDataModule",
     "image_dataloader",
     "CIFARDataModule",
@@ -41,16 +47,21 @@ __all__ = [
     "SegmentationFolderDataset",
     "SegmentedImages",
     "SyntheticClassificationDataModule",
+    "SyntheticDetectionDataModule",
     "SyntheticSegmentation",
     "SyntheticSegmentationDataModule",
     "SyntheticShapes",
     "classification_eval_transforms",
     "classification_train_transforms",
     "decode_image",
+    "detection_eval_transforms",
+    "detection_train_transforms",
+    "load_coco",
     "find_classes",
     "normalization",
     "pad_collate",
     "seed_worker_transforms",
     "segmentation_eval_transforms",
     "segmentation_train_transforms",
+    "write_synthetic_coco",
 ]

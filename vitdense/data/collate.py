@@ -1,13 +1,13 @@
-"""One padding collate for every image batch: classification, segmentation (and detection)."""
+"""One padding collate for every image batch: classification, segmentation and detection."""
 
 from __future__ import annotations
 
 import torch
 
 from vitdense.errors import DataError
-from vitdense.types import LabeledImages, SegmentedImages
+from vitdense.types import DetectedImages, LabeledImages, SegmentedImages
 
-Sample = LabeledImages | SegmentedImages
+Sample = LabeledImages | SegmentedImages | DetectedImages
 
 
 def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
@@ -17,7 +17,8 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     batch (0 is the mean colour once normalised). `SegmentedImages` label maps are padded
     the same way with `ignore_index` to their own largest size, which differs from the
     images' when evaluation keeps labels at the annotation's resolution; `LabeledImages`
-    labels are stacked. Padding to a multiple of the patch size is left to the model, which
+    labels are stacked; `DetectedImages` keep one box target (and original size and
+    evaluation target) per image, as tuples. Padding to a multiple of the patch size is left to the model, which
     knows the patch size.
 
     Args:
@@ -28,7 +29,8 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     Returns:
         image [B, 3, H, W]; index [B] int64; pad_mask [B, H, W] bool, True on image
         padding; image_sizes, B pairs (H_i, W_i) of Python ints before padding; then
-        label [B] int64, or mask [B, h, w] int64 with mask_sizes (h_i, w_i).
+        label [B] int64, or mask [B, h, w] int64 with mask_sizes (h_i, w_i), or B box
+        targets with orig_sizes and eval_targets.
     """
     if not samples:
         raise DataError("pad_collate got no samples; the loader's batch_size must be at least 1")
@@ -44,6 +46,16 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     if isinstance(samples[0], LabeledImages):
         label = torch.tensor([int(s.label) for s in samples], dtype=torch.int64)
         return LabeledImages(batch, label, index, pad_mask, image_sizes)
+    if isinstance(samples[0], DetectedImages):
+        return DetectedImages(
+            batch,
+            tuple(s.targets for s in samples),
+            index,
+            pad_mask,
+            image_sizes,
+            tuple(s.orig_sizes for s in samples),
+            tuple(s.eval_targets for s in samples),
+        )
 
     masks = [torch.as_tensor(s.mask, dtype=torch.int64) for s in samples]
     mask_sizes = tuple((int(m.shape[-2]), int(m.shape[-1])) for m in masks)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ImageDataModule
-from vitdense.data.seg_transforms import segmentation_eval_transforms
+from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
 from vitdense.errors import DataError
 from vitdense.types import SegmentedImages
@@ -115,10 +115,13 @@ class SyntheticSegmentationDataModule(ImageDataModule):
     """Synthetic scenes for segmentation: train/val/test splits that never overlap
     (predict uses the validation scenes).
 
-    Training images are `img_size` squares, used as drawn. Validation, test and prediction
-    images have sides in [0.75, 1.25] x `img_size` (48..80 px for 64), are resized to a
-    short side of `img_size` like mmseg's evaluation, and keep their label maps at the
-    drawn size, so evaluation exercises padding, unpadding and resizing to the label map.
+    Every split draws images with sides in [0.75, 1.25] x `img_size` (48..80 px for 64),
+    so shapes appear at the same scales in training and evaluation. Training resizes them
+    to a short side of `img_size` and takes random `img_size` crops with flips and
+    photometric distortion (mmseg's ADE20K pipeline at this scale, without the random
+    rescale). Validation, test and prediction images are resized to a short side of
+    `img_size` like mmseg's evaluation and keep their label maps at the drawn size, so
+    evaluation exercises padding, unpadding and resizing to the label map.
 
     Args:
         num_classes: background plus `num_classes - 1` shapes (2..7).
@@ -156,10 +159,22 @@ class SyntheticSegmentationDataModule(ImageDataModule):
         """A split's scenes; the split's name is mixed into the seed so that splits never overlap."""
         offset, length = {"train": (0, self.train_size), "val": (1, self.val_size), "test": (2, self.val_size)}[name]
         seed = self.seed * 10 + offset
-        if name == "train":
-            return SyntheticSegmentation(length, self.img_size, self.num_classes, seed, self.mean, self.std)
         size_range = (round(0.75 * self.img_size), round(1.25 * self.img_size))
-        transform = segmentation_eval_transforms(self.img_size, self.mean, self.std)
+        if name == "train":
+            # the evaluation's resize, then random crops: a shape's scale in training is its
+            # scale in evaluation (drawing training squares as they are enlarged no shape,
+            # and cost the demo about 2 mIoU on circles against squares)
+            transform = segmentation_train_transforms(
+                self.img_size,
+                scale=(4 * self.img_size, self.img_size),
+                ratio_range=(1.0, 1.0),
+                cat_max_ratio=1.0,
+                ignore_index=self.ignore_index,
+                mean=self.mean,
+                std=self.std,
+            )
+        else:
+            transform = segmentation_eval_transforms(self.img_size, self.mean, self.std)
         return SyntheticSegmentation(
             length,
             self.img_size,

@@ -1,11 +1,13 @@
 """Task heads: plain `nn.Module`s from `ViTFeatures` to task outputs (they know nothing of Lightning)."""
 
 from vitdense.heads.classification import ClassificationHead, pool_tokens
+from vitdense.heads.detr import DETRHead
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
 from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 
 __all__ = [
     "ClassificationHead",
+    "DETRHead",
     "LinearDecoder",
     "LinearProbeHead",
     "MaskTransformerDecoder",

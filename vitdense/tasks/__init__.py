@@ -2,7 +2,8 @@
 
 from vitdense.tasks.base import BackboneConfig, BaseTask
 from vitdense.tasks.classification import ClassificationTask
+from vitdense.tasks.detection import DetectionTask
 from vitdense.tasks.linear_probe import LinearProbeTask
 from vitdense.tasks.segmentation import SegmentationTask
 
-__all__ = ["BackboneConfig", "BaseTask", "ClassificationTask", "LinearProbeTask", "SegmentationTask"]
+__all__ = ["BackboneConfig", "BaseTask", "ClassificationTask", "DetectionTask", "LinearProbeTask", "SegmentationTask"]

@@ -1,0 +1,151 @@
+"""DetectionTask: COCO AP equal to pycocotools' own, batch-independent detections, COCO export."""
+
+import json
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+from vitdense.callbacks import COCOResultsWriter
+from vitdense.data import CocoDetection, load_coco, pad_collate, write_synthetic_coco
+from vitdense.data.coco import coco_results
+from vitdense.data.det_transforms import detection_eval_transforms
+from vitdense.heads import DETRHead
+from vitdense.tasks import BackboneConfig, DetectionTask
+from vitdense.types import DetectionOutput
+
+TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8})
+SMALL_HEAD = partial(DETRHead, hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=12, dec_layers=2)
+MEAN = STD = (0.5, 0.5, 0.5)
+
+
+@pytest.fixture
+def coco_val(tmp_path):
+    """A small COCO-format split with a crowd region and images without objects."""
+    path = write_synthetic_coco(tmp_path, "val2017", 12, img_size=40, num_classes=3, seed=3)
+    data = json.loads(path.read_text())
+    img = data["images"][0]
+    data["annotations"].append(
+        {"id": 999, "image_id": img["id"], "category_id": 5, "bbox": [2.0, 3.0, 15.0, 12.0], "area": 150.0, "iscrowd": 1}
+    )
+    path.write_text(json.dumps(data))
+    index = load_coco(path, tmp_path / "val2017")
+    assert any(len(i.eval_labels) == 0 for i in index.images)
+    return path, CocoDetection(index, detection_eval_transforms(MEAN, STD, 32, None))
+
+
+def task(head=SMALL_HEAD):
+    return DetectionTask(num_classes=3, class_names=["circle", "square", "triangle"], head=head, backbone=TINY)
+
+
+def test_map_equals_pycocotools_on_the_original_annotations(coco_val):
+    path, dataset = coco_val
+    model = task()
+    rng = torch.Generator().manual_seed(0)
+    everything = []
+    for start in range(0, len(dataset), 4):
+        batch = pad_collate([dataset[i] for i in range(start, min(start + 4, len(dataset)))])
+        # detections near each object (jittered, sometimes with the wrong class) and random ones
+        q = 12
+        boxes = torch.rand(len(batch.targets), q, 4, generator=rng) * 0.4 + 0.2
+        logits = 2 * torch.randn(len(batch.targets), q, 4, generator=rng)
+        for i, t in enumerate(batch.targets):
+            n = min(len(t.boxes), q)
+            boxes[i, :n] = (t.boxes[:n] + 0.01 * torch.randn(n, 4, generator=rng)).clamp(0.01, 0.99)
+            logits[i, torch.arange(n), t.labels[:n]] += 3
+        output = DetectionOutput(logits, boxes)
+        model.update_metrics(model.val_metrics, output, batch, "val")
+        everything.append(model.detections(output, batch))
+    ours = model.summarize(model.val_metrics.compute(), "val")
+
+    gt = COCO(str(path))
+    results = [r for found in everything for r in coco_results(found, dataset.index)]
+    evaluator = COCOeval(gt, gt.loadRes(results), "bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    keys = ["map", "map_50", "map_75", "map_small", "map_medium", "map_large", "mar_1", "mar_10", "mar_100"]
+    keys += ["mar_small", "mar_medium", "mar_large"]
+    assert 0.05 < evaluator.stats[0] < 0.95  # a figure with something to compare
+    for k, reference in zip(keys, evaluator.stats, strict=True):
+        assert ours[f"val/{k}"].item() == pytest.approx(reference, abs=1e-6), k
+
+
+def test_detections_do_not_depend_on_the_batch(coco_val):
+    _, dataset = coco_val
+    model = task().eval()
+    sizes = {dataset[i].image.shape[-2:] for i in range(4)}
+    assert len(sizes) > 1  # the batch of 4 pads some images
+    with torch.no_grad():
+        together = model.predict_step(pad_collate([dataset[i] for i in range(4)]), 0)
+        for i in range(4):
+            alone = model.predict_step(pad_collate([dataset[i]]), 0)
+            torch.testing.assert_close(alone.scores[0], together.scores[i], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(alone.boxes[0], together.boxes[i], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("box_bias", [False, True])
+def test_groups_in_training_only(box_bias):
+    model = task(head=partial(SMALL_HEAD, num_groups=3, box_bias=box_bias))
+    images = torch.randn(2, 3, 32, 40)
+    model.train()
+    out = model(images)
+    assert out.logits.shape == (2, 36, 4) and out.num_groups == 3 and len(out.aux) == 1
+    assert torch.all((out.boxes > 0) & (out.boxes < 1))
+    model.eval()
+    out = model(images)
+    assert out.logits.shape == (2, 12, 4) and out.num_groups == 1
+
+
+def test_groups_do_not_see_each_other():
+    """Group 1's outputs are the same whether or not the other groups run alongside it."""
+    torch.manual_seed(0)
+    model = task(head=partial(SMALL_HEAD, num_groups=3, box_bias=True, dropout=0.0))
+    images = torch.randn(2, 3, 32, 40)
+    grouped = model.train()(images)
+    alone = model.eval()(images)
+    torch.testing.assert_close(grouped.logits[:, :12], alone.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grouped.boxes[:, :12], alone.boxes, atol=1e-5, rtol=1e-5)
+
+
+def test_box_bias_under_padding_and_autocast(coco_val):
+    _, dataset = coco_val
+    model = task(head=partial(SMALL_HEAD, box_bias=True)).eval()
+    batch = pad_collate([dataset[i] for i in range(4)])
+    with torch.no_grad():
+        together = model.predict_step(batch, 0)
+        alone = model.predict_step(pad_collate([dataset[1]]), 0)
+        torch.testing.assert_close(alone.scores[0], together.scores[1], atol=1e-5, rtol=1e-5)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model.forward_batch(batch, "val")
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.boxes).all()
+
+
+def test_coco_results_writer(coco_val, tmp_path):
+    path, dataset = coco_val
+    model = task().eval()
+    writer = COCOResultsWriter(str(tmp_path / "out" / "dets.json"), draw_dir=str(tmp_path / "drawn"), score_threshold=0.0)
+
+    class Trainer:  # what the writer reads from Lightning's trainer
+        world_size, global_rank = 1, 0
+        predict_dataloaders = torch.utils.data.DataLoader(dataset)
+
+    writer.on_predict_start(Trainer, model)
+    batch = pad_collate([dataset[i] for i in range(3)])
+    with torch.no_grad():
+        found = model.predict_step(batch, 0)
+    writer.write_on_batch_end(Trainer, model, found, None, batch, 0)
+    writer.on_predict_end(Trainer, model)
+    results = json.loads((tmp_path / "out" / "dets.json").read_text())
+    assert len(results) == sum(len(s) for s in found.scores)
+    assert {r["category_id"] for r in results} <= {1, 3, 5}
+    loaded = COCO(str(path)).loadRes(results)  # pycocotools accepts the file as it is
+    assert len(loaded.getAnnIds()) == len(results)
+    assert len(list((tmp_path / "drawn").glob("*.jpg"))) == 3
+    # boxes at the original size: the first image's detections lie within its stored size
+    entry = dataset.index.images[0]
+    assert found.boxes[0][:, 2].max() <= entry.width * 1.001 and found.boxes[0][:, 3].max() <= entry.height * 1.001
+    assert np.isfinite([r["score"] for r in results]).all()

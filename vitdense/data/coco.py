@@ -1,0 +1,390 @@
+"""Object detection from COCO-format datasets: COCO 2017 and anyone's own images + JSON.
+
+The layout is COCO's, the generic one for users' own datasets:
+
+    <root>/train2017/<file_name>                   images (any folder name; `train_images`)
+    <root>/val2017/<file_name>
+    <root>/annotations/instances_train2017.json   COCO JSON (`train_annotations`)
+    <root>/annotations/instances_val2017.json
+
+Category ids become contiguous labels 0..K-1 in increasing id order (class names from the
+JSON) and are mapped back with `category_ids[label]` for evaluation and export. Crowd
+annotations are left out of the training targets but kept in the evaluation targets
+(COCOeval ignores detections that fall on them); each annotation's own `area` decides
+small/medium/large. Training boxes are clipped to their image and those left without area
+are dropped, with a count in the log. Images without annotations are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import albumentations as A
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.ops import box_convert
+
+from vitdense.data.base import ImageDataModule
+from vitdense.data.det_transforms import DETR_SCALES, detection_eval_transforms, detection_train_transforms
+from vitdense.data.transforms import decode_image
+from vitdense.errors import DataError
+from vitdense.types import BoxTargets, DetectedImages, Detections, EvalTargets
+
+_logger = logging.getLogger(__name__)
+
+Triple = tuple[float, float, float]
+
+LAYOUT = "<root>/<images folder>/<file_name> with <root>/annotations/instances_<split>.json (COCO JSON)"
+
+
+@dataclass
+class CocoImage:
+    """One image entry and its annotations, checked.
+
+    `boxes` are the training targets (x1, y1, x2, y2 pixels, clipped, crowds and empty boxes
+    out) with `labels`; `eval_*` are all of the image's annotations as written (COCO
+    xywh turned into corners), crowds included, for evaluation."""
+
+    id: int
+    file_name: str
+    height: int
+    width: int
+    boxes: np.ndarray
+    labels: np.ndarray
+    eval_boxes: np.ndarray
+    eval_labels: np.ndarray
+    eval_iscrowd: np.ndarray
+    eval_area: np.ndarray
+
+
+@dataclass
+class CocoIndex:
+    """A COCO JSON file read and checked: categories in id order and every image's objects."""
+
+    annotation_file: Path
+    image_dir: Path
+    category_ids: list[int]
+    class_names: list[str]
+    images: list[CocoImage]
+
+
+def _require(entry: Any, keys: tuple[str, ...], where: str, path: Path) -> None:
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: {where} is a {type(entry).__name__}, expected an object with {', '.join(keys)}")
+    missing = [k for k in keys if k not in entry]
+    if missing:
+        raise DataError(
+            f"{path}: {where} has no {', '.join(repr(k) for k in missing)} (every entry needs {', '.join(keys)})"
+        )
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: COCO annotation file not found; expected layout {LAYOUT}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a COCO JSON object with images, annotations, categories")
+    return data
+
+
+def read_categories(annotation_file: str | Path) -> tuple[list[int], list[str]]:
+    """(category ids in increasing order, their names) from a COCO JSON file."""
+    path = Path(annotation_file)
+    return _categories(_load_json(path), path)
+
+
+def _categories(data: dict[str, Any], path: Path) -> tuple[list[int], list[str]]:
+    _require(data, ("categories",), "the file", path)
+    names: dict[int, str] = {}
+    for i, cat in enumerate(data["categories"]):
+        _require(cat, ("id", "name"), f"categories[{i}]", path)
+        if cat["id"] in names:
+            raise DataError(f"{path}: categories[{i}] repeats category id {cat['id']}; category ids must be unique")
+        names[int(cat["id"])] = str(cat["name"])
+    if not names:
+        raise DataError(f"{path}: 'categories' is empty; a detection dataset needs at least one category")
+    ids = sorted(names)
+    return ids, [names[i] for i in ids]
+
+
+def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: bool = True) -> CocoIndex:
+    """Read and check a COCO JSON file.
+
+    Stops with a `DataError` naming the field and the entry on: a missing key, a repeated
+    image or category id, an annotation of an unknown image or category, a bbox that is not
+    four numbers, or (with `check_files`) an image listed but absent from `image_dir`.
+    """
+    path, image_dir = Path(annotation_file), Path(image_dir)
+    data = _load_json(path)
+    _require(data, ("images", "annotations", "categories"), "the file", path)
+    category_ids, class_names = _categories(data, path)
+    label_of = {cid: label for label, cid in enumerate(category_ids)}
+    if not image_dir.is_dir():
+        raise FileNotFoundError(f"{image_dir}: image folder not found (listed by {path}); expected layout {LAYOUT}")
+
+    entries: dict[int, dict[str, Any]] = {}
+    for i, img in enumerate(data["images"]):
+        _require(img, ("id", "file_name", "height", "width"), f"images[{i}]", path)
+        if img["id"] in entries:
+            raise DataError(f"{path}: images[{i}] repeats image id {img['id']}; image ids must be unique")
+        if check_files and not (image_dir / img["file_name"]).is_file():
+            raise DataError(
+                f"{path}: images[{i}] (id {img['id']}) lists {img['file_name']!r}, which is not in {image_dir}; "
+                "add the file or remove the entry"
+            )
+        entries[img["id"]] = img
+    objects: dict[int, list[dict[str, Any]]] = {k: [] for k in entries}
+    for i, ann in enumerate(data["annotations"]):
+        name = f"annotations[{i}] (id {ann.get('id', '?')})" if isinstance(ann, dict) else f"annotations[{i}]"
+        _require(ann, ("image_id", "category_id", "bbox"), name, path)
+        if ann["image_id"] not in entries:
+            raise DataError(f"{path}: {name} refers to image id {ann['image_id']}, which 'images' does not list")
+        if ann["category_id"] not in label_of:
+            raise DataError(
+                f"{path}: {name} has category_id {ann['category_id']}, which 'categories' does not list "
+                f"(known ids: {category_ids[0]}..{category_ids[-1]})"
+            )
+        bbox = ann["bbox"]
+        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, int | float) for v in bbox)):
+            raise DataError(f"{path}: {name} has bbox {bbox!r}; expected [x, y, width, height] in pixels")
+        objects[ann["image_id"]].append(ann)
+
+    images, dropped, example = [], 0, None
+    for img_id, img in entries.items():
+        anns = objects[img_id]
+        xywh = np.array([a["bbox"] for a in anns], dtype=np.float64).reshape(-1, 4)
+        corners = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)
+        labels = np.array([label_of[a["category_id"]] for a in anns], dtype=np.int64)
+        iscrowd = np.array([int(a.get("iscrowd", 0)) for a in anns], dtype=np.int64)
+        area = np.array([float(a.get("area", w * h)) for a, (_, _, w, h) in zip(anns, xywh, strict=True)])
+        clipped = corners.copy()
+        clipped[:, 0::2] = clipped[:, 0::2].clip(0, img["width"])
+        clipped[:, 1::2] = clipped[:, 1::2].clip(0, img["height"])
+        has_area = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
+        keep = has_area & (iscrowd == 0)
+        if (~has_area).any():
+            dropped += int((~has_area).sum())
+            example = example or f"image id {img_id}, annotation id {anns[int(np.argmin(has_area))].get('id', '?')}"
+        images.append(
+            CocoImage(
+                int(img_id),
+                str(img["file_name"]),
+                int(img["height"]),
+                int(img["width"]),
+                clipped[keep].astype(np.float32),
+                labels[keep],
+                corners.astype(np.float32),
+                labels,
+                iscrowd,
+                area.astype(np.float32),
+            )
+        )
+    if dropped:
+        _logger.warning(
+            "%s: %d boxes have no area once clipped to their image and are left out of training (e.g. %s)",
+            path,
+            dropped,
+            example,
+        )
+    return CocoIndex(path, image_dir, category_ids, class_names, images)
+
+
+def coco_results(found: Detections, index: CocoIndex) -> list[dict[str, Any]]:
+    """Detections as COCO results entries (what `COCO.loadRes` and the evaluation server
+    read): `image_id` and `category_id` as in the JSON, `bbox` as [x, y, width, height]
+    pixels of the original image, `score`."""
+    results = []
+    for i, boxes, scores, labels in zip(found.index.tolist(), found.boxes, found.scores, found.labels, strict=True):
+        image_id = index.images[i].id
+        xywh = box_convert(boxes.float(), "xyxy", "xywh").tolist()
+        for box, score, label in zip(xywh, scores.tolist(), labels.tolist(), strict=True):
+            results.append(
+                {"image_id": image_id, "category_id": index.category_ids[label], "bbox": box, "score": score}
+            )
+    return results
+
+
+class CocoDetection(Dataset):
+    """A COCO-format split as `DetectedImages`.
+
+    Args:
+        index: the checked JSON (`load_coco`).
+        transform: albumentations pipeline called as `transform(image=, bboxes=, labels=)`
+            (`detection_train_transforms` / `detection_eval_transforms`).
+        with_eval_targets: attach the original annotations (`EvalTargets`) for evaluation.
+    """
+
+    def __init__(
+        self, index: CocoIndex, transform: Callable[..., dict[str, Any]], with_eval_targets: bool = True
+    ) -> None:
+        self.index = index
+        self.transform = transform
+        self.with_eval_targets = with_eval_targets
+
+    def __len__(self) -> int:
+        return len(self.index.images)
+
+    @property
+    def image_paths(self) -> list[Path]:
+        return [self.index.image_dir / img.file_name for img in self.index.images]
+
+    def __getitem__(self, i: int) -> DetectedImages:
+        entry = self.index.images[i]
+        path = self.index.image_dir / entry.file_name
+        image = decode_image(path)
+        if image.shape[:2] != (entry.height, entry.width):
+            raise DataError(
+                f"{path}: the image is {image.shape[1]}x{image.shape[0]} (width x height) but "
+                f"{self.index.annotation_file} says {entry.width}x{entry.height}; fix the JSON entry of image id {entry.id}"
+            )
+        out = self.transform(image=image, bboxes=entry.boxes, labels=entry.labels)
+        img = out["image"]
+        height, width = img.shape[-2:]
+        corners = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
+        labels = torch.as_tensor(np.asarray(out["labels"]), dtype=torch.int64).reshape(-1)
+        keep = (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
+        corners, labels = corners[keep], labels[keep]
+        scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+        xyxy = corners / scale
+        boxes = torch.stack(
+            [
+                (xyxy[:, 0] + xyxy[:, 2]) / 2,
+                (xyxy[:, 1] + xyxy[:, 3]) / 2,
+                xyxy[:, 2] - xyxy[:, 0],
+                xyxy[:, 3] - xyxy[:, 1],
+            ],
+            1,
+        )
+        eval_targets = None
+        if self.with_eval_targets:
+            eval_targets = EvalTargets(
+                torch.from_numpy(entry.eval_boxes),
+                torch.from_numpy(entry.eval_labels),
+                torch.from_numpy(entry.eval_iscrowd),
+                torch.from_numpy(entry.eval_area),
+            )
+        return DetectedImages(
+            img,
+            BoxTargets(boxes, labels),
+            i,
+            image_sizes=(int(height), int(width)),
+            orig_sizes=(entry.height, entry.width),
+            eval_targets=eval_targets,
+        )
+
+
+class COCODataModule(ImageDataModule):
+    """COCO 2017, or any dataset in its layout (images + COCO JSON per split).
+
+    Training uses DETR's augmentation (flip; shortest side from `scales`, longest <=
+    `max_size`, or resize, random-size crop, resize); evaluation resizes the shortest side to
+    `eval_short_side`. The class count and names come from the validation JSON's
+    categories, read at construction so that the CLI can give them to the task.
+
+    Args:
+        root: dataset folder.
+        train_images, val_images, test_images: image folders under `root` (test: the
+            validation split unless given).
+        train_annotations, val_annotations, test_annotations: COCO JSON files under `root`.
+        img_size: the backbone's native input size (its position embeddings are resampled
+            to every image's own grid); not the size images are resized to.
+        scales, max_size, crop_scales, crop_size: DETR's training resize and crop settings.
+        eval_short_side: shortest side in evaluation (DETR: 800).
+        batch_size, eval_batch_size, num_workers, backbone, mean, std: see `ImageDataModule`.
+    """
+
+    def __init__(
+        self,
+        root: str = "data/coco",
+        train_images: str = "train2017",
+        train_annotations: str = "annotations/instances_train2017.json",
+        val_images: str = "val2017",
+        val_annotations: str = "annotations/instances_val2017.json",
+        test_images: str | None = None,
+        test_annotations: str | None = None,
+        img_size: int = 224,
+        scales: list[int] = list(DETR_SCALES),  # noqa: B006 (jsonargparse reads the default)
+        max_size: int | None = 1333,
+        crop_scales: list[int] = [400, 500, 600],  # noqa: B006
+        crop_size: tuple[int, int] = (384, 600),
+        eval_short_side: int = 800,
+        batch_size: int = 2,
+        eval_batch_size: int | None = None,
+        num_workers: int = 2,
+        backbone: str | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+    ) -> None:
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
+        self.save_hyperparameters(ignore=["backbone"])
+        self.root = Path(root)
+        self.splits = {
+            "train": (train_images, train_annotations),
+            "val": (val_images, val_annotations),
+            "test": (test_images or val_images, test_annotations or val_annotations),
+        }
+        self.scales, self.max_size = list(scales), max_size
+        self.crop_scales, self.crop_size = list(crop_scales), tuple(crop_size)
+        self.eval_short_side = eval_short_side
+        self.category_ids, self.class_names = self.read_categories()
+        self.num_classes = len(self.class_names)
+        self.indexes: dict[str, CocoIndex] = {}
+
+    def annotation_path(self, split: str) -> Path:
+        return self.root / self.splits[split][1]
+
+    def read_categories(self) -> tuple[list[int], list[str]]:
+        """The dataset's categories, from the validation JSON."""
+        path = self.annotation_path("val")
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path}: COCO annotations not found; expected layout {LAYOUT} "
+                "(COCO 2017: extract train2017.zip, val2017.zip and annotations_trainval2017.zip from "
+                "https://cocodataset.org into it), or point data.root at your dataset"
+            )
+        return read_categories(path)
+
+    @property
+    def train_location(self) -> str:
+        return str(self.annotation_path("train"))
+
+    def index(self, split: str) -> CocoIndex:
+        """The split's checked JSON (read once); its categories must be the validation set's."""
+        if split not in self.indexes:
+            images, _ = self.splits[split]
+            index = load_coco(self.annotation_path(split), self.root / images)
+            if index.category_ids != self.category_ids:
+                raise DataError(
+                    f"{index.annotation_file}: its categories differ from {self.annotation_path('val')}'s; "
+                    "every split must list the same categories"
+                )
+            self.indexes[split] = index
+        return self.indexes[split]
+
+    def train_transforms(self) -> A.Compose:
+        return self.seeded(
+            detection_train_transforms(
+                self.mean, self.std, self.scales, self.max_size, self.crop_scales, self.crop_size
+            )
+        )
+
+    def eval_transforms(self) -> A.Compose:
+        return detection_eval_transforms(self.mean, self.std, self.eval_short_side, self.max_size)
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self.train_dataset = CocoDetection(self.index("train"), self.train_transforms(), with_eval_targets=False)
+        if stage in ("fit", "validate", "predict"):
+            self.val_dataset = self.predict_dataset = CocoDetection(self.index("val"), self.eval_transforms())
+        if stage == "test":
+            self.test_dataset = CocoDetection(self.index("test"), self.eval_transforms())

@@ -1,0 +1,170 @@
+"""Albumentations pipelines for detection that reproduce DETR's COCO augmentation.
+
+DETR (`datasets/coco.py`, `make_coco_transforms`) trains with
+
+    RandomHorizontalFlip()
+    RandomSelect(                                    # one or the other, p = 0.5
+        RandomResize(scales, max_size=1333),         # shortest side from 480..800 step 32
+        Compose(RandomResize([400, 500, 600]), RandomSizeCrop(384, 600), RandomResize(scales, max_size=1333)),
+    )
+    Normalize
+
+and evaluates at shortest side 800 (longest <= 1333). Boxes follow every transform through
+albumentations' `BboxParams` (absolute (x1, y1, x2, y2) in and out); a box cut to nothing by
+a crop is dropped, as in DETR. The short-side resize and the random-size crop are small
+custom transforms, because albumentations' `SmallestMaxSize` has no bound on the long side
+and its random-sized crops resize to a fixed output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import albumentations as A
+import cv2
+import numpy as np
+from albumentations.augmentations.crops.transforms import BaseCrop
+from albumentations.augmentations.geometric import functional as fgeometric
+from albumentations.pytorch import ToTensorV2
+
+from vitdense.data.transforms import SharedRandomCompose
+from vitdense.errors import DataError
+
+Triple = tuple[float, float, float]
+
+#: DETR's training shortest sides
+DETR_SCALES = tuple(range(480, 801, 32))
+
+
+def short_side_size(height: int, width: int, short_side: int, max_size: int | None) -> tuple[int, int]:
+    """DETR's `get_size_with_aspect_ratio`: (H', W') with the shorter side `short_side`,
+    lowered so that the longer side stays <= `max_size`."""
+    if max_size is not None:
+        low, high = min(height, width), max(height, width)
+        if high / low * short_side > max_size:
+            short_side = int(round(max_size * low / high))
+    if width < height:
+        return int(short_side * height / width), short_side
+    return short_side, int(short_side * width / height)
+
+
+class RandomShortSideResize(A.DualTransform):
+    """DETR's `RandomResize(sizes, max_size)`: the shorter side becomes one of `short_sides`
+    (drawn uniformly), the longer side keeping the aspect ratio but at most `max_size`.
+    Boxes scale with the image."""
+
+    def __init__(
+        self,
+        short_sides: Sequence[int],
+        max_size: int | None = None,
+        interpolation: int = cv2.INTER_LINEAR,
+        p: float = 1.0,
+    ) -> None:
+        super().__init__(p=p)
+        if not short_sides or min(short_sides) < 1:
+            raise DataError(f"short_sides={list(short_sides)}: expected one or more positive sizes")
+        self.short_sides = tuple(int(s) for s in short_sides)
+        self.max_size = max_size
+        self.interpolation = interpolation
+
+    def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        side = self.short_sides[int(self.random_generator.integers(len(self.short_sides)))]
+        height, width = params["shape"][:2]
+        return {"target_shape": short_side_size(height, width, side, self.max_size)}
+
+    def apply(self, img: np.ndarray, target_shape: tuple[int, int], **params: Any) -> np.ndarray:
+        return fgeometric.resize(img, target_shape, self.interpolation)
+
+    def apply_to_bboxes(self, bboxes: np.ndarray, **params: Any) -> np.ndarray:
+        return bboxes  # albumentations keeps boxes normalised: a resize leaves them as they are
+
+
+class RandomSizeCrop(BaseCrop):
+    """DETR's `RandomSizeCrop(min_size, max_size)`: a crop of random width in
+    [min_size, min(W, max_size)] and height in [min_size, min(H, max_size)] at a random
+    place (the whole side when the image is smaller than `min_size`)."""
+
+    def __init__(self, min_size: int, max_size: int, p: float = 1.0) -> None:
+        super().__init__(p=p)
+        if not 0 < min_size <= max_size:
+            raise DataError(f"RandomSizeCrop({min_size}, {max_size}): expected 0 < min_size <= max_size")
+        self.min_size = min_size
+        self.max_size = max_size
+
+    def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        height, width = params["shape"][:2]
+        rng = self.random_generator
+        crop_w = int(
+            rng.integers(min(self.min_size, width), max(min(width, self.max_size), min(self.min_size, width)) + 1)
+        )
+        crop_h = int(
+            rng.integers(min(self.min_size, height), max(min(height, self.max_size), min(self.min_size, height)) + 1)
+        )
+        x = int(rng.integers(0, width - crop_w + 1))
+        y = int(rng.integers(0, height - crop_h + 1))
+        return {"crop_coords": (x, y, x + crop_w, y + crop_h)}
+
+
+def _bbox_params() -> A.BboxParams:
+    # absolute corners in and out; boxes left without area by a crop are dropped (DETR's `keep`)
+    return A.BboxParams(format="pascal_voc", label_fields=["labels"], clip=True, min_area=0.0, min_visibility=0.0)
+
+
+def detection_train_transforms(
+    mean: Triple,
+    std: Triple,
+    scales: Sequence[int] = DETR_SCALES,
+    max_size: int | None = 1333,
+    crop_scales: Sequence[int] = (400, 500, 600),
+    crop_size: tuple[int, int] = (384, 600),
+    hflip: float = 0.5,
+) -> A.Compose:
+    """DETR's training augmentation.
+
+    Called as `transform(image=[H, W, 3] uint8, bboxes=[n, 4] (x1, y1, x2, y2) pixels,
+    labels=[n])` -> image [3, H', W'] float32 normalised, bboxes in the new image's pixels.
+
+    Args:
+        mean, std: per-channel normalisation of pixel values scaled to [0, 1].
+        scales: shortest sides to draw from; max_size: bound of the longest side.
+        crop_scales, crop_size: the other branch's resize before the random-size crop
+            (min, max side) that precedes the final resize.
+        hflip: probability of a horizontal flip.
+    """
+    return SharedRandomCompose(
+        [
+            A.HorizontalFlip(p=hflip),
+            A.OneOf(
+                [
+                    RandomShortSideResize(scales, max_size),
+                    A.Sequential(
+                        [
+                            RandomShortSideResize(crop_scales),
+                            RandomSizeCrop(*crop_size),
+                            RandomShortSideResize(scales, max_size),
+                        ]
+                    ),
+                ],
+                p=1.0,
+            ),
+            A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
+            ToTensorV2(),
+        ],
+        bbox_params=_bbox_params(),
+    )
+
+
+def detection_eval_transforms(
+    mean: Triple, std: Triple, short_side: int = 800, max_size: int | None = 1333
+) -> A.Compose:
+    """DETR's evaluation preprocessing: shortest side `short_side` (longest <= `max_size`),
+    normalised; boxes, if given, follow."""
+    return SharedRandomCompose(
+        [
+            RandomShortSideResize([short_side], max_size),
+            A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
+            ToTensorV2(),
+        ],
+        bbox_params=_bbox_params(),
+    )

@@ -1,0 +1,312 @@
+"""DETR's detection head (Carion et al., ECCV 2020) on a ViT's patch tokens.
+
+    patch tokens [B, N, D] --input_proj--> memory [B, N, d]   (+ sine positions of the valid area)
+    (optional) transformer encoder layers over the memory    (0 by default: the ViT is one)
+    object queries [Q, d] --decoder layers (self-attn, cross-attn to memory, FFN)--> [L, B, Q, d]
+    every layer's output --class head--> [B, Q, K + 1]    --box MLP + sigmoid--> [B, Q, 4] (cx, cy, w, h)
+
+As in DETR: post-norm layers with a final decoder norm; object query embeddings are added
+to the queries and keys of self-attention and to the queries of cross-attention, memory
+positions to the keys of cross-attention only; the decoder input starts at zero; the class
+and box heads are shared by all layers. Padding tokens are masked out of cross-attention
+(and of the encoder), and the positions are normalised over each image's own valid area, so
+an image's detections do not depend on the batch it is padded into.
+
+Two options for faster convergence, both off by default (the default is DETR):
+
+- Group DETR (Chen et al., ICCV 2023), `num_groups > 1`: in training the queries come in
+  K groups that do not attend to each other and are each matched one-to-one; at inference
+  only the first group runs, so the deployed model is plain DETR.
+- A locality prior for a single-scale plain-ViT memory, `box_bias=True`: Plain-DETR's
+  box-to-pixel relative position bias (Lin et al., ICCV 2023), added to the cross-attention
+  logits of every layer from that layer's reference boxes. The reference boxes come from
+  iterative box refinement: a learned initial box per query, which each layer refines
+  (its box head predicts an offset in inverse-sigmoid space; the next layer's reference is
+  the refined box, detached as in Deformable DETR).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitdense.backbone import ViTFeatures
+from vitdense.types import DetectionOutput
+
+
+def sine_position_embedding(
+    valid: torch.Tensor, num_pos_feats: int = 128, temperature: float = 10000.0, scale: float = 2 * math.pi
+) -> torch.Tensor:
+    """DETR's 2D sine position encoding of a (possibly padded) grid.
+
+    Row and column positions are the cumulative sums of the valid area, divided by the
+    image's own extent and multiplied by `scale`, so that each image's positions span
+    (0, scale] whatever padding surrounds it.
+
+    Args:
+        valid: [B, h, w] bool, True on tokens of the image (False on padding).
+        num_pos_feats: features per axis (half the model width).
+
+    Returns:
+        [B, h * w, 2 * num_pos_feats]: the y features, then the x features, each
+        interleaving sin and cos of the position over geometric frequencies.
+    """
+    not_mask = valid.float()
+    y_embed = not_mask.cumsum(1)
+    x_embed = not_mask.cumsum(2)
+    eps = 1e-6
+    y_embed = y_embed / (y_embed[:, -1:, :] + eps) * scale
+    x_embed = x_embed / (x_embed[:, :, -1:] + eps) * scale
+    dim_t = torch.arange(num_pos_feats, dtype=torch.float32, device=valid.device)
+    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_pos_feats)
+    pos_x = x_embed[..., None] / dim_t
+    pos_y = y_embed[..., None] / dim_t
+    pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
+    pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
+    return torch.cat((pos_y, pos_x), dim=3).flatten(1, 2)
+
+
+def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """log(x / (1 - x)), clamped away from 0 and 1."""
+    x = x.clamp(eps, 1 - eps)
+    return torch.log(x / (1 - x))
+
+
+class BoxRelativePositionBias(nn.Module):
+    """Plain-DETR's decomposed box-to-pixel relative position bias.
+
+    For a query's reference box (x1, y1, x2, y2) and a memory token centred at (x, y), both
+    in [0, 1] of the image's valid area, the offsets (x1 - x, x2 - x) and (y1 - y, y2 - y)
+    go through a log-scaled transform and one small MLP per axis to one bias per head; the
+    token's bias is the sum of its column's and its row's. Padding tokens get no special
+    value here: the key padding mask removes them.
+
+    Args:
+        num_heads: attention heads (one bias each).
+        hidden_dim: width of the per-axis MLPs.
+    """
+
+    def __init__(self, num_heads: int, hidden_dim: int = 256) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.mlp_x = MLP(2, hidden_dim, num_heads, 2)
+        self.mlp_y = MLP(2, hidden_dim, num_heads, 2)
+
+    @staticmethod
+    def log_scale(delta: torch.Tensor) -> torch.Tensor:
+        # fine steps near the box edges, coarse ones far from them (Plain-DETR's log-space)
+        return torch.sign(delta) * torch.log2(delta.abs() * 8 + 1) / 3
+
+    def forward(self, boxes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """boxes [B, Q, 4] (cx, cy, w, h) in [0, 1]; valid [B, h, w] bool (True on the
+        image) -> bias [B * num_heads, Q, h * w], as `nn.MultiheadAttention`'s attn_mask."""
+        b, q, _ = boxes.shape
+        _, h, w = valid.shape
+        x1y1x2y2 = torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], -1)
+        # token centres in units of each image's own valid extent (padding lies beyond 1)
+        rows = valid.any(2).sum(1).clamp(min=1).to(boxes.dtype)  # [B]
+        cols = valid.any(1).sum(1).clamp(min=1).to(boxes.dtype)
+        ys = (torch.arange(h, device=boxes.device, dtype=boxes.dtype) + 0.5)[None] / rows[:, None]  # [B, h]
+        xs = (torch.arange(w, device=boxes.device, dtype=boxes.dtype) + 0.5)[None] / cols[:, None]  # [B, w]
+        dx = x1y1x2y2[..., None, 0::2] - xs[:, None, :, None]  # [B, Q, w, 2]
+        dy = x1y1x2y2[..., None, 1::2] - ys[:, None, :, None]  # [B, Q, h, 2]
+        bias_x = self.mlp_x(self.log_scale(dx))  # [B, Q, w, heads]
+        bias_y = self.mlp_y(self.log_scale(dy))  # [B, Q, h, heads]
+        bias = bias_y[:, :, :, None, :] + bias_x[:, :, None, :, :]  # [B, Q, h, w, heads]
+        return bias.flatten(2, 3).permute(0, 3, 1, 2).reshape(b * self.num_heads, q, h * w)
+
+
+class MLP(nn.Module):
+    """`num_layers` linear layers with ReLU between them (DETR's box head: 3 layers)."""
+
+    def __init__(self, in_features: int, hidden_features: int, out_features: int, num_layers: int) -> None:
+        super().__init__()
+        dims = [in_features] + [hidden_features] * (num_layers - 1) + [out_features]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x) if i == len(self.layers) - 1 else F.relu(layer(x))
+        return x
+
+
+class DETREncoderLayer(nn.Module):
+    """Post-norm self-attention + FFN over the memory; positions added to queries and keys."""
+
+    def __init__(self, dim: int, num_heads: int, dim_feedforward: int, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.linear1 = nn.Linear(dim, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, src: torch.Tensor, pos: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
+        """src, pos [B, N, d]; key_padding_mask [B, N] True on padding -> [B, N, d]."""
+        q = k = src + pos
+        src = self.norm1(src + self.dropout(self.self_attn(q, k, src, key_padding_mask=key_padding_mask)[0]))
+        ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
+        return self.norm2(src + self.dropout(ffn))
+
+
+class DETRDecoderLayer(nn.Module):
+    """Post-norm self-attention, cross-attention to the memory, FFN (DETR's decoder layer)."""
+
+    def __init__(self, dim: int, num_heads: int, dim_feedforward: int, dropout: float) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.cross_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.linear1 = nn.Linear(dim, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        tgt: torch.Tensor,
+        query_pos: torch.Tensor,
+        memory: torch.Tensor,
+        pos: torch.Tensor,
+        memory_padding_mask: torch.Tensor | None,
+        self_attn_mask: torch.Tensor | None = None,
+        cross_attn_bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """tgt, query_pos [B, Q, d]; memory, pos [B, N, d]; memory_padding_mask [B, N] True on
+        padding; self_attn_mask [Q, Q] True where a query may not look (other groups);
+        cross_attn_bias [B * heads, Q, N] added to the cross-attention logits."""
+        q = k = tgt + query_pos
+        attn = self.self_attn(q, k, tgt, attn_mask=self_attn_mask)[0]
+        tgt = self.norm1(tgt + self.dropout(attn))
+        if cross_attn_bias is not None and memory_padding_mask is not None:
+            # one float mask: nn.MultiheadAttention would otherwise combine a bool and a float mask
+            cross_attn_bias = cross_attn_bias.masked_fill(
+                memory_padding_mask.repeat_interleave(cross_attn_bias.shape[0] // tgt.shape[0], 0)[:, None, :],
+                float("-inf"),
+            )
+            memory_padding_mask = None
+        attn = self.cross_attn(
+            tgt + query_pos, memory + pos, memory, key_padding_mask=memory_padding_mask, attn_mask=cross_attn_bias
+        )[0]
+        tgt = self.norm2(tgt + self.dropout(attn))
+        ffn = self.linear2(self.dropout(F.relu(self.linear1(tgt))))
+        return self.norm3(tgt + self.dropout(ffn))
+
+
+class DETRHead(nn.Module):
+    """DETR's transformer decoder, class head and box head over ViT patch tokens.
+
+    Args:
+        embed_dim: D of the backbone.
+        num_classes: K object classes; the head adds "no object" as class K.
+        hidden_dim: decoder width d.
+        num_queries: object queries Q (per group).
+        num_heads: attention heads.
+        dim_feedforward: FFN width.
+        dropout: dropout in attention and FFN.
+        enc_layers: transformer encoder layers over the memory (DETR: 6; a ViT already is one).
+        dec_layers: decoder layers.
+        aux_loss: return every earlier layer's predictions for the auxiliary losses.
+        num_groups: Group DETR query groups in training (1: plain DETR).
+        box_bias: Plain-DETR's box-to-pixel relative position bias in cross-attention, with
+            iterative box refinement (its reference boxes).
+        box_bias_hidden: width of the bias MLPs.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_classes: int,
+        hidden_dim: int = 256,
+        num_queries: int = 100,
+        num_heads: int = 8,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        enc_layers: int = 0,
+        dec_layers: int = 6,
+        aux_loss: bool = True,
+        num_groups: int = 1,
+        box_bias: bool = False,
+        box_bias_hidden: int = 256,
+    ) -> None:
+        super().__init__()
+        if hidden_dim % 2:
+            raise ValueError(f"hidden_dim={hidden_dim}: the sine positions need an even width")
+        if num_groups < 1:
+            raise ValueError(f"num_groups={num_groups}: expected at least 1")
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.num_groups = num_groups
+        self.aux_loss = aux_loss
+        self.input_proj = nn.Linear(embed_dim, hidden_dim)
+        self.encoder = nn.ModuleList(
+            DETREncoderLayer(hidden_dim, num_heads, dim_feedforward, dropout) for _ in range(enc_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DETRDecoderLayer(hidden_dim, num_heads, dim_feedforward, dropout) for _ in range(dec_layers)
+        )
+        self.decoder_norm = nn.LayerNorm(hidden_dim)
+        self.query_embed = nn.Embedding(num_queries * num_groups, hidden_dim)
+        self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
+        self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.box_bias = box_bias
+        if box_bias:
+            self.ref_point = nn.Linear(hidden_dim, 4)  # initial reference box of each query
+            self.rpb = nn.ModuleList(BoxRelativePositionBias(num_heads, box_bias_hidden) for _ in range(dec_layers))
+            # refinement starts from the reference: zero offsets at initialisation
+            nn.init.zeros_(self.bbox_embed.layers[-1].weight)
+            nn.init.zeros_(self.bbox_embed.layers[-1].bias)
+        # DETR: Xavier-uniform for the transformer's matrices, PyTorch defaults elsewhere
+        for layers in (self.encoder, self.decoder):
+            for p in layers.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+
+    def group_mask(self, num_groups: int, device: torch.device) -> torch.Tensor | None:
+        """[G*Q, G*Q] bool, True between queries of different groups (None for one group)."""
+        if num_groups == 1:
+            return None
+        group = torch.arange(num_groups * self.num_queries, device=device) // self.num_queries
+        return group[:, None] != group[None, :]
+
+    def forward(self, features: ViTFeatures) -> DetectionOutput:
+        """ViTFeatures (patch tokens [B, N, D] on grid (h, w), padding mask [B, N]) ->
+        `DetectionOutput` with logits [B, G*Q, K + 1] and boxes [B, G*Q, 4]; G is
+        `num_groups` in training and 1 in evaluation."""
+        tokens = features.patch_tokens
+        b = tokens.shape[0]
+        h, w = features.grid_size
+        padding = features.padding_mask
+        valid = (
+            torch.ones(b, h, w, dtype=torch.bool, device=tokens.device) if padding is None else ~padding.view(b, h, w)
+        )
+        pos = sine_position_embedding(valid, self.input_proj.out_features // 2).to(tokens.dtype)
+        memory = self.input_proj(tokens)
+        for layer in self.encoder:
+            memory = layer(memory, pos, padding)
+
+        groups = self.num_groups if self.training else 1
+        query_pos = self.query_embed.weight[: groups * self.num_queries].unsqueeze(0).expand(b, -1, -1)
+        self_attn_mask = self.group_mask(groups, tokens.device)
+        tgt = torch.zeros_like(query_pos)
+        outputs, boxes = [], []
+        reference = self.ref_point(query_pos).sigmoid() if self.box_bias else None
+        for i, layer in enumerate(self.decoder):
+            bias = self.rpb[i](reference, valid).to(tgt.dtype) if reference is not None else None
+            tgt = layer(tgt, query_pos, memory, pos, padding, self_attn_mask, bias)
+            out = self.decoder_norm(tgt)
+            outputs.append(out)
+            if reference is not None:
+                box = (inverse_sigmoid(reference) + self.bbox_embed(out)).sigmoid()
+                boxes.append(box)
+                reference = box.detach()
+        hs = torch.stack(outputs)  # [L, B, G*Q, d]
+        logits = self.class_embed(hs)
+        boxes = torch.stack(boxes) if boxes else self.bbox_embed(hs).sigmoid()
+        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
+        return DetectionOutput(logits[-1], boxes[-1], aux, groups)

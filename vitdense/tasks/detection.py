@@ -1,0 +1,172 @@
+"""DETR-style object detection (Carion et al., ECCV 2020) on a ViT's patch tokens.
+
+The backbone encodes each padded batch (padding masked out of attention), a `DETRHead`
+decodes object queries into class logits and boxes, a `SetCriterion` matches and scores
+them, and COCO's AP is computed by torchmetrics' `MeanAveragePrecision` on boxes at each
+image's original size, against the original annotations (crowds included).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+from torchmetrics import MetricCollection
+from torchmetrics.detection import MeanAveragePrecision
+from torchvision.ops import box_convert
+
+from vitdense.errors import ConfigError
+from vitdense.heads.detr import DETRHead
+from vitdense.losses import SetCriterion
+from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses
+
+#: the loss from the number of classes K: `criterion(num_classes)`; in YAML a class_path
+#: (+ init_args, e.g. eos_coef, a matcher), default `SetCriterion` with DETR's settings
+CriterionFactory = Callable[[int], nn.Module]
+
+#: the scalars logged per epoch (torchmetrics' names), `{stage}/map` first
+MAP_KEYS = (
+    "map",
+    "map_50",
+    "map_75",
+    "map_small",
+    "map_medium",
+    "map_large",
+    "mar_1",
+    "mar_10",
+    "mar_100",
+    "mar_small",
+    "mar_medium",
+    "mar_large",
+)
+
+
+def map_backend() -> str:
+    """torchmetrics' COCO backend: `faster_coco_eval` when installed (same numbers, several
+    times faster on large sets), else `pycocotools`."""
+    return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
+
+
+def postprocess(
+    output: DetectionOutput, orig_sizes: Sequence[tuple[int, int]], top_k: int = 100
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Detections from a DETR output: per image, the `top_k` (query, class) pairs by
+    softmax probability, "no object" excluded, boxes as absolute (x1, y1, x2, y2) at the
+    original (H0, W0). Returns per-image lists (boxes [k, 4], scores [k], labels [k]) in fp32."""
+    probs = output.logits.float().softmax(-1)[..., :-1]  # [B, Q, K]
+    b, q, k = probs.shape
+    scores, flat = probs.flatten(1).topk(min(top_k, q * k), dim=1)
+    queries, labels = flat // k, flat % k
+    boxes_all, scores_all, labels_all = [], [], []
+    for i, (height, width) in enumerate(orig_sizes):
+        xyxy = box_convert(output.boxes[i, queries[i]].float(), "cxcywh", "xyxy")
+        scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=xyxy.device)
+        boxes_all.append(xyxy * scale)
+        scores_all.append(scores[i])
+        labels_all.append(labels[i])
+    return boxes_all, scores_all, labels_all
+
+
+class DetectionTask(BaseTask):
+    """Object detection with a DETR head.
+
+    Logs `{stage}/loss` and every weighted loss term (`loss_ce`, `loss_bbox`, `loss_giou`,
+    and `loss_ce_0`, ... of the earlier decoder layers), and per evaluation epoch COCO's
+    `{stage}/map`, `map_50`, `map_75`, `map_small/medium/large`, `mar_1/10/100`, with a
+    per-class AP table in the log.
+
+    Args:
+        num_classes: K object classes, without "no object" (linked from the DataModule).
+        class_names: names of the K classes (linked from the DataModule).
+        head: `head(embed_dim, num_classes)` -> module from `ViTFeatures` to a
+            `DetectionOutput`; default `DETRHead` with DETR's settings.
+        criterion: `criterion(num_classes)` -> module from (output, targets) to `Losses`;
+            default `SetCriterion` with DETR's matcher costs and loss weights.
+        top_k: detections kept per image.
+        (the rest: see `BaseTask`)
+    """
+
+    monitor: ClassVar[str] = "val/map"
+    mode: ClassVar[Literal["min", "max"]] = "max"
+
+    def __init__(
+        self,
+        num_classes: int,
+        class_names: list[str] | None = None,
+        head: HeadFactory = DETRHead,
+        criterion: CriterionFactory = SetCriterion,
+        top_k: int = 100,
+        backbone: BackboneConfig = DEFAULT_BACKBONE,
+        optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
+        lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
+    ) -> None:
+        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
+        if class_names is not None and len(class_names) != num_classes:
+            raise ConfigError(f"class_names has {len(class_names)} entries for {num_classes} classes")
+        # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
+        self.hparams.pop("criterion", None)
+        self.num_classes = num_classes
+        self.class_names = class_names or [str(c) for c in range(num_classes)]
+        self.top_k = top_k
+        self.set_head(head, self.backbone.embed_dim, num_classes)
+        self.criterion = criterion(num_classes)
+        # COCO's evaluation runs on the CPU in fp32 (compute_on_cpu keeps the states there)
+        mean_ap = MeanAveragePrecision(
+            box_format="xyxy", iou_type="bbox", class_metrics=True, backend=map_backend(), compute_on_cpu=True
+        )
+        self.set_metrics(MetricCollection({"map": mean_ap}))
+
+    def forward_batch(self, batch: DetectedImages, stage: Stage) -> DetectionOutput:
+        return self(batch.image, batch.pad_mask, batch.image_sizes)
+
+    def compute_loss(self, output: DetectionOutput, batch: DetectedImages, stage: Stage) -> Losses:
+        return self.criterion(output, batch.targets)
+
+    def detections(self, output: DetectionOutput, batch: DetectedImages) -> Detections:
+        boxes, scores, labels = postprocess(output, batch.orig_sizes, self.top_k)
+        return Detections(batch.index, boxes, scores, labels)
+
+    def update_metrics(
+        self, metrics: MetricCollection, output: DetectionOutput, batch: DetectedImages, stage: Stage
+    ) -> None:
+        if any(t is None for t in batch.eval_targets):
+            raise ConfigError(f"the {stage} split carries no evaluation targets (with_eval_targets=False)")
+        found = self.detections(output, batch)
+        preds = [
+            {"boxes": b.cpu(), "scores": s.cpu(), "labels": lab.cpu()}
+            for b, s, lab in zip(found.boxes, found.scores, found.labels, strict=True)
+        ]
+        targets = [
+            {
+                "boxes": t.boxes.float().cpu(),
+                "labels": t.labels.cpu(),
+                "iscrowd": t.iscrowd.cpu(),
+                "area": t.area.float().cpu(),
+            }
+            for t in batch.eval_targets
+        ]
+        metrics["map"].update(preds, targets)
+
+    def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
+        return {f"{stage}/{k}": result[f"{stage}/{k}"] for k in MAP_KEYS if f"{stage}/{k}" in result}
+
+    def format_table(self, result: dict[str, Any], stage: Stage) -> str:
+        """COCO's summary line and AP / AR@100 per class (-1: the class has no ground truth)."""
+        summary = "  ".join(f"{k} {100 * result[f'{stage}/{k}'].item():.2f}" for k in ("map", "map_50", "map_75"))
+        rows = [f"{stage} epoch {self.current_epoch}: {summary}", f"{'class':<24}{'AP':>8}{'AR@100':>8}"]
+        classes = result[f"{stage}/classes"].reshape(-1).tolist()
+        ap = result[f"{stage}/map_per_class"].reshape(-1).tolist()
+        ar = result[f"{stage}/mar_100_per_class"].reshape(-1).tolist()
+        for c, a, r in zip(classes, ap, ar, strict=True):
+            rows.append(f"{self.class_names[int(c)]:<24}{100 * a:8.2f}{100 * r:8.2f}")
+        return "\n".join(rows)
+
+    def predict_step(self, batch: DetectedImages, batch_idx: int) -> Detections:
+        return self.detections(self.forward_batch(batch, "predict"), batch)
