@@ -30,8 +30,8 @@ def synthetic_objects(
 ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
     """One scene: ([H, W, 3] uint8 image, [(label, [H, W] bool mask), ...]).
 
-    Shapes are drawn on sub-canvases of 30-60% of the longer side placed at random, so
-    objects span about 5-40% of the image; a shape that would overlap an earlier one (or
+    Shapes are drawn on sub-canvases of 40-80% of the longer side placed at random, so
+    objects span about 15-55% of the image's side; a shape that would overlap an earlier one (or
     keep fewer than 16 pixels inside the image) is redrawn, at most 20 times.
     """
     side = max(height, width)
@@ -41,7 +41,7 @@ def synthetic_objects(
     for _ in range(int(rng.integers(0, max_objects + 1))):
         for _try in range(20):
             label = int(rng.integers(0, num_classes))
-            sub = int(rng.uniform(0.3, 0.6) * side)
+            sub = int(rng.uniform(0.4, 0.8) * side)
             y0, x0 = (int(v) for v in rng.integers(0, side - sub + 1, 2))
             mask = np.zeros((side, side), dtype=bool)
             mask[y0 : y0 + sub, x0 : x0 + sub] = draw_shape(SHAPES[label], sub, rng)
