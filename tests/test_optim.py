@@ -7,7 +7,7 @@ import torch
 
 from vitdense.backbone import VisionTransformer
 from vitdense.heads import ClassificationHead
-from vitdense.optim import WarmupCosineLR, param_groups
+from vitdense.optim import WarmupCosineLR, WarmupMultiStepLR, param_groups
 
 
 def test_param_groups_decay_and_layer_scales():
@@ -40,3 +40,21 @@ def test_warmup_then_cosine_per_step():
     assert lrs[4] == pytest.approx(1.0)
     assert lrs[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1)  # decayed to the floor at total_steps
+
+
+def test_multistep_drops_at_epoch_milestones_after_warmup():
+    """DETR's x0.1 at epoch 200 of 300, written in epochs: with 10 steps per epoch the drop
+    comes at step 2000 (and at step 20 for a 3-epoch run with 10 steps per epoch and
+    milestone_epochs [2])."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = WarmupMultiStepLR(opt, milestone_epochs=[2], milestones=[25], gamma=0.1, warmup_steps=4)
+    sched.resolve(30, 10.0)
+    lrs = []
+    for _ in range(30):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4:20] == pytest.approx([1.0] * 16)
+    assert lrs[20:25] == pytest.approx([0.1] * 5)  # epoch 2 starts at step 20
+    assert lrs[25:] == pytest.approx([0.01] * 5)  # and the step milestone drops again

@@ -1,9 +1,13 @@
-"""Semantic segmentation metrics with mmseg's definitions, accumulated over a dataset."""
+"""Dataset-level metrics: semantic segmentation with mmseg's definitions, COCO's mAP."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torchmetrics.classification import MulticlassConfusionMatrix
+from torchmetrics.detection import MeanAveragePrecision
 
 
 class SegmentationMetrics(MulticlassConfusionMatrix):
@@ -37,3 +41,24 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
             "IoU": iou,
             "Acc": acc,
         }
+
+
+class DetectionMeanAP(MeanAveragePrecision):
+    """torchmetrics' `MeanAveragePrecision` that several processes can share when they hold
+    different numbers of images.
+
+    vitdense evaluates every image once, so processes may hold different counts (7 images
+    on 2 processes: 4 and 3). torchmetrics gathers a list state element by element, a
+    collective per image that then does not match across processes; here each list state is
+    gathered whole (`all_gather_object`, on the CPU), in rank order. AP does not depend on
+    the order of images.
+    """
+
+    def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
+        group = process_group or self.process_group
+        world = dist.get_world_size(group)
+        for attr in self._reductions:
+            local = [t.cpu() for t in getattr(self, attr)]
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, local, group=group)
+            setattr(self, attr, [t.to(self.device) for part in gathered for t in part])

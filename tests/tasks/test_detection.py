@@ -29,7 +29,14 @@ def coco_val(tmp_path):
     data = json.loads(path.read_text())
     img = data["images"][0]
     data["annotations"].append(
-        {"id": 999, "image_id": img["id"], "category_id": 5, "bbox": [2.0, 3.0, 15.0, 12.0], "area": 150.0, "iscrowd": 1}
+        {
+            "id": 999,
+            "image_id": img["id"],
+            "category_id": 5,
+            "bbox": [2.0, 3.0, 15.0, 12.0],
+            "area": 150.0,
+            "iscrowd": 1,
+        }
     )
     path.write_text(json.dumps(data))
     index = load_coco(path, tmp_path / "val2017")
@@ -127,7 +134,9 @@ def test_box_bias_under_padding_and_autocast(coco_val):
 def test_coco_results_writer(coco_val, tmp_path):
     path, dataset = coco_val
     model = task().eval()
-    writer = COCOResultsWriter(str(tmp_path / "out" / "dets.json"), draw_dir=str(tmp_path / "drawn"), score_threshold=0.0)
+    writer = COCOResultsWriter(
+        str(tmp_path / "out" / "dets.json"), draw_dir=str(tmp_path / "drawn"), score_threshold=0.0
+    )
 
     class Trainer:  # what the writer reads from Lightning's trainer
         world_size, global_rank = 1, 0

@@ -117,7 +117,10 @@ class SyntheticDetectionDataModule(COCODataModule):
             [0.75, 1.25] x img_size); evaluation resizes the shortest side to it.
         train_size, val_size: images per split.
         seed: base seed of the generator.
-        scales: training shortest sides (None: img_size - 16 to img_size + 16, step 8).
+        scales: training shortest sides (None: img_size - 16 to img_size, step 8).
+        max_size: bound of the longest side in training and evaluation (None: img_size, so
+            every image fits in an img_size square; evaluation resizes the shortest side to
+            img_size unless that bound is hit).
         batch_size, eval_batch_size, num_workers, backbone, mean, std: see `ImageDataModule`.
     """
 
@@ -130,6 +133,7 @@ class SyntheticDetectionDataModule(COCODataModule):
         val_size: int = 200,
         seed: int = 0,
         scales: list[int] | None = None,
+        max_size: int | None = None,
         batch_size: int = 16,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -146,7 +150,7 @@ class SyntheticDetectionDataModule(COCODataModule):
             "val_size": val_size,
             "seed": seed,
         }
-        scales = scales or list(range(img_size - 16, img_size + 17, 8))
+        scales = scales or list(range(img_size - 16, img_size + 1, 8))
         super().__init__(
             root,
             "train",
@@ -155,7 +159,7 @@ class SyntheticDetectionDataModule(COCODataModule):
             "annotations/instances_val.json",
             img_size=img_size,
             scales=scales,
-            max_size=None,
+            max_size=max_size or img_size,
             crop_scales=[round(0.8 * img_size)],
             crop_size=(round(0.5 * img_size), round(0.8 * img_size)),
             eval_short_side=img_size,

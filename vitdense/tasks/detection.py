@@ -2,7 +2,7 @@
 
 The backbone encodes each padded batch (padding masked out of attention), a `DETRHead`
 decodes object queries into class logits and boxes, a `SetCriterion` matches and scores
-them, and COCO's AP is computed by torchmetrics' `MeanAveragePrecision` on boxes at each
+them, and COCO's AP is computed by torchmetrics' `MeanAveragePrecision` (`DetectionMeanAP`) on boxes at each
 image's original size, against the original annotations (crowds included).
 """
 
@@ -16,12 +16,12 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MetricCollection
-from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import box_convert
 
 from vitdense.errors import ConfigError
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
+from vitdense.metrics import DetectionMeanAP
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses
@@ -118,7 +118,7 @@ class DetectionTask(BaseTask):
         self.set_head(head, self.backbone.embed_dim, num_classes)
         self.criterion = criterion(num_classes)
         # COCO's evaluation runs on the CPU in fp32 (compute_on_cpu keeps the states there)
-        mean_ap = MeanAveragePrecision(
+        mean_ap = DetectionMeanAP(
             box_format="xyxy", iou_type="bbox", class_metrics=True, backend=map_backend(), compute_on_cpu=True
         )
         self.set_metrics(MetricCollection({"map": mean_ap}))
