@@ -34,10 +34,7 @@ class TopKPredictionWriter(BasePredictionWriter):
         self._file = None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = self.output_file
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = rank_path(self.output_file, trainer)
         self._file = path.open("w", newline="")
         self._writer = csv.writer(self._file)
         self.path = path
@@ -71,6 +68,15 @@ class TopKPredictionWriter(BasePredictionWriter):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def rank_path(path: Path, trainer: L.Trainer) -> Path:
+    """`path`, or `<stem>.rank<r><suffix>` beside it when several processes each write one;
+    its folder is created."""
+    if trainer.world_size > 1:
+        path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def predicted_dataset(trainer: L.Trainer, dataloader_idx: int) -> Any:
@@ -208,9 +214,6 @@ class COCOResultsWriter(BasePredictionWriter):
             image.save(self.draw_dir / f"{path.stem}.jpg")
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = self.output_file
-        if trainer.world_size > 1:
-            path = path.with_name(f"{path.stem}.rank{trainer.global_rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = rank_path(self.output_file, trainer)
         path.write_text(json.dumps(self.results))
         _logger.info("wrote %d detections to %s", len(self.results), path)

@@ -227,6 +227,13 @@ class BaseTask(L.LightningModule):
         else:
             self.hparams["head"] = spec
 
+    def set_classes(self, num_classes: int, class_names: list[str] | None) -> None:
+        """Record K (`num_classes`) and the class names (default "0".."K-1"), which must agree."""
+        if class_names is not None and len(class_names) != num_classes:
+            raise ConfigError(f"class_names has {len(class_names)} entries for num_classes={num_classes}")
+        self.num_classes = num_classes
+        self.class_names = list(class_names) if class_names is not None else [str(c) for c in range(num_classes)]
+
     def set_metrics(self, metrics: MetricCollection) -> None:
         """One copy of `metrics` per stage, prefixed `train/`, `val/`, `test/`."""
         self.train_metrics = metrics.clone(prefix="train/")

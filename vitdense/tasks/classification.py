@@ -70,10 +70,7 @@ class ClassificationTask(BaseTask):
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
         super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
-        if class_names is not None and len(class_names) != num_classes:
-            raise ConfigError(f"class_names has {len(class_names)} entries for num_classes={num_classes}")
-        self.num_classes = num_classes
-        self.class_names = class_names
+        self.set_classes(num_classes, class_names)
         self.label_smoothing = label_smoothing
         self.set_head(head, self.backbone.embed_dim, num_classes)
         self.set_metrics(accuracy_metrics(num_classes))

@@ -108,12 +108,9 @@ class DetectionTask(BaseTask):
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
         super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
-        if class_names is not None and len(class_names) != num_classes:
-            raise ConfigError(f"class_names has {len(class_names)} entries for {num_classes} classes")
         # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
         self.hparams.pop("criterion", None)
-        self.num_classes = num_classes
-        self.class_names = class_names or [str(c) for c in range(num_classes)]
+        self.set_classes(num_classes, class_names)
         self.top_k = top_k
         self.set_head(head, self.backbone.embed_dim, num_classes)
         self.criterion = criterion(num_classes)

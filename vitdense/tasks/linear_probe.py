@@ -65,8 +65,7 @@ class LinearProbeTask(BaseTask):
         super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
         if not 1 <= n_last_blocks <= self.backbone.depth:
             raise ConfigError(f"n_last_blocks={n_last_blocks}: must be between 1 and the backbone's depth")
-        self.num_classes = num_classes
-        self.class_names = class_names
+        self.set_classes(num_classes, class_names)
         self.lrs = list(lrs) if lrs else [None]
         self.n_last_blocks = n_last_blocks
         self.avgpool = avgpool

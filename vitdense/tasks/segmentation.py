@@ -78,11 +78,8 @@ class SegmentationTask(BaseTask):
         super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
         if class_weights is not None and len(class_weights) != num_classes:
             raise ConfigError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
-        if class_names is not None and len(class_names) != num_classes:
-            raise ConfigError(f"class_names has {len(class_names)} entries for {num_classes} classes")
-        self.num_classes = num_classes
+        self.set_classes(num_classes, class_names)
         self.ignore_index = ignore_index
-        self.class_names = class_names or [str(c) for c in range(num_classes)]
         self.window = window or self.backbone.img_size[0]
         self.val_stride = val_stride or self.window
         self.test_stride = test_stride or self.window - self.window // 16
