@@ -255,16 +255,7 @@ class CocoDetection(Dataset):
         keep = (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
         corners, labels = corners[keep], labels[keep]
         scale = torch.tensor([width, height, width, height], dtype=torch.float32)
-        xyxy = corners / scale
-        boxes = torch.stack(
-            [
-                (xyxy[:, 0] + xyxy[:, 2]) / 2,
-                (xyxy[:, 1] + xyxy[:, 3]) / 2,
-                xyxy[:, 2] - xyxy[:, 0],
-                xyxy[:, 3] - xyxy[:, 1],
-            ],
-            1,
-        )
+        boxes = box_convert(corners / scale, "xyxy", "cxcywh")
         eval_targets = None
         if self.with_eval_targets:
             eval_targets = EvalTargets(

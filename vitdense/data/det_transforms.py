@@ -95,12 +95,12 @@ class RandomSizeCrop(BaseCrop):
     def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
         height, width = params["shape"][:2]
         rng = self.random_generator
-        crop_w = int(
-            rng.integers(min(self.min_size, width), max(min(width, self.max_size), min(self.min_size, width)) + 1)
-        )
-        crop_h = int(
-            rng.integers(min(self.min_size, height), max(min(height, self.max_size), min(self.min_size, height)) + 1)
-        )
+
+        def side(length: int) -> int:
+            low = min(self.min_size, length)  # an image smaller than min_size keeps that side whole
+            return int(rng.integers(low, max(min(length, self.max_size), low) + 1))
+
+        crop_w, crop_h = side(width), side(height)
         x = int(rng.integers(0, width - crop_w + 1))
         y = int(rng.integers(0, height - crop_h + 1))
         return {"crop_coords": (x, y, x + crop_w, y + crop_h)}
