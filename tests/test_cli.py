@@ -134,3 +134,42 @@ class BuggyDataModule(SyntheticClassificationDataModule):
 def test_a_bug_keeps_its_traceback():
     with pytest.raises(ValueError, match="a bug inside a class"):
         main(["fit", "--config", DEMO, "--data=tests.test_cli.BuggyDataModule"])
+
+
+def test_detection_fit_then_test_and_predict_from_its_checkpoint(tmp_path, monkeypatch):
+    """The detection demo end to end through the CLI: fit, then `test` and `predict` from the
+    checkpoint; predict writes a COCO results JSON (original category ids) and drawn images."""
+    import json
+
+    from pycocotools.coco import COCO
+
+    monkeypatch.chdir(tmp_path)  # the demo writes runs/ and data/ relative to the working folder
+    config = str(Path(__file__).parents[1] / "configs" / "demo_det.yaml")
+    small = ["--data.init_args.img_size=32", "--data.init_args.train_size=8", "--data.init_args.val_size=3"]
+    small += ["--data.init_args.batch_size=4", "--trainer.enable_progress_bar=false"]
+    fit = main(["fit", "--config", config, *small, "--trainer.max_steps=2", "--trainer.num_sanity_val_steps=0"])
+    assert fit.trainer.global_step == 2
+    ckpt = tmp_path / "runs" / "demo_det" / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+
+    tested = main(["test", "--config", config, *small, f"--ckpt_path={ckpt}"])
+    assert 0 <= tested.trainer.callback_metrics["test/map_50"] <= 1
+    assert "test/mar_100" in tested.trainer.callback_metrics
+
+    out = tmp_path / "out" / "detections.json"
+    args = ["predict", "--config", config, *small, f"--ckpt_path={ckpt}"]
+    args += ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    args += [f"--trainer.callbacks.draw_dir={tmp_path / 'drawn'}", "--trainer.callbacks.score_threshold=0"]
+    predicted = main(args)
+    torch = pytest.importorskip("torch")
+    weights = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert all(torch.equal(v, predicted.model.state_dict()[k]) for k, v in weights.items())  # the trained model
+    results = json.loads(out.read_text())
+    gt = COCO(str(tmp_path / "data" / "synthetic_det" / "annotations" / "instances_val.json"))
+    assert {r["image_id"] for r in results} == set(gt.getImgIds())  # every image, 20 queries x 3 classes each
+    assert len(results) == 3 * 20 * 3
+    assert {r["category_id"] for r in results} <= {1, 3, 5}  # the JSON's own ids, not labels 0..2
+    assert len(gt.loadRes(results).getAnnIds()) == len(results)
+    assert sorted(p.name for p in (tmp_path / "drawn").glob("*.jpg")) == sorted(
+        Path(i["file_name"]).stem + ".jpg" for i in gt.loadImgs(gt.getImgIds())
+    )

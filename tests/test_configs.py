@@ -121,3 +121,29 @@ def test_ade20k_recipe_tests_on_validation_with_test_windows(tmp_path, monkeypat
     assert cli.model.test_stride == 60  # window 64 (the crop) x 15/16, Segmenter's 512/480
     assert len(cli.datamodule.test_dataset) == 3
     assert 0 <= cli.trainer.callback_metrics["test/mIoU"] <= 1
+
+
+def test_coco_recipe_tests_and_predicts_on_the_coco_layout(tmp_path, monkeypatch):
+    """`test` and `predict` on the COCO config: AP on val2017, a results JSON with COCO's ids."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).parents[1] / "configs" / "det_coco.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    args = [*fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch), "--data.init_args.img_size=64"]
+    args += ["--model.init_args.backbone.pretrained=false", "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    args += [
+        "--trainer.strategy=auto",
+        "--trainer.enable_progress_bar=false",
+        "--model.init_args.backbone.model_args={depth: 2}",
+    ]
+    tested = main(["test", "--config", str(config), *args])
+    assert len(tested.datamodule.test_dataset) == 4
+    assert 0 <= tested.trainer.callback_metrics["test/map"] <= 1
+    out = tmp_path / "dets.json"
+    writer = ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    main(["predict", "--config", str(config), *args, *writer])
+    results = json.loads(out.read_text())
+    truth = json.loads((tmp_path / "coco" / "annotations" / "instances_val2017.json").read_text())
+    assert {r["image_id"] for r in results} == {i["id"] for i in truth["images"]}
+    assert {r["category_id"] for r in results} <= {c["id"] for c in truth["categories"]}

@@ -48,9 +48,14 @@ def task(head=SMALL_HEAD):
     return DetectionTask(num_classes=3, class_names=["circle", "square", "triangle"], head=head, backbone=TINY)
 
 
-def test_map_equals_pycocotools_on_the_original_annotations(coco_val):
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_map_equals_pycocotools_on_the_original_annotations(coco_val, backend, monkeypatch):
+    """Both torchmetrics backends (faster_coco_eval is the `[coco]` extra, in `[dev]` too)."""
+    pytest.importorskip(backend)
+    monkeypatch.setattr("vitdense.tasks.detection.map_backend", lambda: backend)
     path, dataset = coco_val
     model = task()
+    assert model.val_metrics["map"]._coco_backend.backend == backend
     rng = torch.Generator().manual_seed(0)
     everything = []
     for start in range(0, len(dataset), 4):

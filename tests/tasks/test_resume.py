@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 from PIL import Image
@@ -119,3 +120,46 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     diff = max((final["state_dict"][k] - v).abs().max().item() for k, v in expected["state_dict"].items())
     print(f"max |resumed - uninterrupted| over all weights: {diff:.3g}")
     assert diff <= 1e-6
+
+
+def test_detection_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
+    """DETR training resumed from a mid-epoch checkpoint ends with the weights of the run that
+    was never stopped: DETR's random resize and crop, dropout in the decoder, query groups,
+    Hungarian matching, and an epoch milestone of the schedule crossed after the resume."""
+    from vitdense.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = yaml.safe_load((Path(__file__).parents[2] / "configs" / "demo_det.yaml").read_text())
+    cfg["trainer"].update(max_epochs=2, precision="32-true", log_every_n_steps=1, enable_progress_bar=False)
+    cfg["trainer"]["callbacks"] = [
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"every_n_train_steps": 3, "save_top_k": -1, "filename": "{step}"},
+        }
+    ]
+    model = cfg["model"]["init_args"]
+    model["head"]["init_args"].update(dropout=0.1, dec_layers=2)
+    model["backbone"]["model_args"]["depth"] = 2
+    model["lr_scheduler"] = {
+        "class_path": "vitdense.optim.WarmupMultiStepLR",
+        "init_args": {"milestone_epochs": [1.5], "warmup_steps": 2},
+    }
+    cfg["data"]["init_args"].update(img_size=32, train_size=24, val_size=2, batch_size=4)  # 6 steps per epoch
+    config = tmp_path / "det.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+
+    def run(root: str, *extra: str):
+        return main(["fit", "--config", str(config), f"--trainer.default_root_dir={root}", *extra])
+
+    uninterrupted = run("whole")
+    assert uninterrupted.trainer.global_step == 12
+    mid = tmp_path / "whole" / "lightning_logs" / "version_0" / "checkpoints" / "step=9.ckpt"
+    assert load(mid)["global_step"] == 9  # three steps into the second epoch, before the milestone (step 9)
+    resumed = run("resumed", f"--ckpt_path={mid}")
+    assert resumed.trainer.global_step == 12
+    expected = uninterrupted.model.state_dict()
+    diff = max((v - expected[k]).abs().max().item() for k, v in resumed.model.state_dict().items())
+    print(f"max |resumed - uninterrupted| over all weights: {diff:.3g}")
+    assert diff <= 1e-6
+    lrs = [g["lr"] for g in resumed.trainer.optimizers[0].param_groups]
+    assert lrs == pytest.approx([g["lr"] for g in uninterrupted.trainer.optimizers[0].param_groups])
