@@ -151,7 +151,10 @@ class SegmentationPredictionWriter(BasePredictionWriter):
                 if path is None:
                     _logger.warning("no image path for sample %d: overlay skipped", index)
                     continue
-                image = np.asarray(Image.open(path).convert("RGB").resize(labels.shape[::-1]), dtype=np.float32)
+                from vitdense.data.images import decode_image  # (lazily: vitdense.data imports albumentations)
+
+                upright = Image.fromarray(decode_image(path)).resize(labels.shape[::-1])
+                image = np.asarray(upright, dtype=np.float32)
                 blend = (1 - self.alpha) * image + self.alpha * palette[labels].astype(np.float32)
                 Image.fromarray(blend.round().astype(np.uint8)).save(self.output_dir / f"{stem}_overlay.jpg")
 
@@ -190,10 +193,17 @@ class COCOResultsWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        from vitdense.data.coco import coco_results  # data imports albumentations; callbacks stay light
+        # (vitdense.data imports albumentations; callbacks stay light until they write)
+        from vitdense.data.coco import CocoIndex, coco_results
+        from vitdense.data.images import decode_image
 
         dataset = predicted_dataset(trainer, dataloader_idx)
-        self.results += coco_results(prediction, dataset.index)
+        if isinstance(getattr(dataset, "index", None), CocoIndex):  # a COCO split: its own image ids
+            self.results += coco_results(prediction, dataset.index.image_ids, dataset.index.category_ids)
+        else:  # a folder of images: ids 1..N in file order, and the file names
+            category_ids = getattr(trainer.datamodule, "category_ids", None) or range(1, pl_module.num_classes + 1)
+            names = [str(p.relative_to(dataset.root)) for p in dataset.image_paths]
+            self.results += coco_results(prediction, range(1, len(names) + 1), category_ids, names)
         if self.draw_dir is None:
             return
         self.draw_dir.mkdir(parents=True, exist_ok=True)
@@ -203,7 +213,7 @@ class COCOResultsWriter(BasePredictionWriter):
         ):
             path = Path(dataset.image_paths[index])
             keep = scores >= self.score_threshold
-            image = Image.open(path).convert("RGB")
+            image = Image.fromarray(decode_image(path))  # what the model saw: upright, 8-bit RGB
             draw = ImageDraw.Draw(image)
             for box, score, label in zip(
                 boxes[keep].tolist(), scores[keep].tolist(), labels[keep].tolist(), strict=True

@@ -6,13 +6,28 @@ task and never written twice: the number of classes, the class names and the ima
 (the encoder's native size, to which its position embeddings are resampled). The other way,
 the encoder's name goes to the DataModule, which normalises images as the encoder was
 pretrained.
+
+A checkpoint is self-contained: `validate`, `test` and `predict` with `--ckpt_path` and no
+`--config` take the task and the DataModule (classes, normalisation, evaluation sizes) from
+the checkpoint, e.g. `python -m vitdense predict --ckpt_path run.ckpt --data.predict_dir
+photos/`. With a config, the checkpoint's task must be the config's, and its classes the
+data's; what the data decided and the config leaves unset (normalisation, categories) comes
+from the checkpoint. A checkpoint's weights replace pretrained ones, which are then never
+fetched (works offline).
 """
 
 from __future__ import annotations
 
+import json
+import pickle
 import sys
+import zipfile
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.cli import LightningCLI
 
 from vitdense.backbone import CheckpointError
@@ -25,12 +40,130 @@ from vitdense.trainer import Trainer
 USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigError, DataError)
 
 
+#: `--ckpt_path` values Lightning resolves itself (from the checkpoint callbacks)
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
+#: what the data decides and a checkpoint restores when the config leaves it unset
+DATA_DECIDED = ("mean", "std", "categories", "classes")
+
+
+class Checkpoint:
+    """What a Lightning checkpoint says of the task and data it was trained with (read
+    lazily: weights stay on disk), or one clear error naming the file.
+
+    Raises:
+        CheckpointError: no such file, not a checkpoint, or weights without a task.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"ckpt_path {self.path}: no such file")
+        try:
+            ckpt = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+        except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(
+                f"ckpt_path {self.path}: not a PyTorch Lightning checkpoint that loads safely ({first}); "
+                "pass a .ckpt file written by vitdense training"
+            ) from err
+        hparams = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "_class_path" not in hparams:
+            raise CheckpointError(
+                f"ckpt_path {self.path}: weights without the task they belong to (no state_dict and "
+                "hyper_parameters of a LightningCLI run); to start from these weights set "
+                f"model.init_args.backbone.checkpoint={self.path}"
+            )
+        self.task_class: str = hparams["_class_path"]
+        self.task: dict[str, Any] = {k: v for k, v in hparams.items() if not k.startswith("_")}
+        data = ckpt.get("datamodule_hyper_parameters") or {}
+        self.data_class: str | None = data.get("_class_path")
+        self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}
+
+    def describe_classes(self) -> str:
+        names = self.task.get("class_names") or []
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        return f"{self.task.get('num_classes')} classes ({shown})"
+
+    def config(self) -> str:
+        """The task and DataModule as a `--config` (a JSON string, which YAML reads); the
+        task's hyperparameters are merged from the checkpoint by LightningCLI itself."""
+        config: dict[str, Any] = {"model": {"class_path": self.task_class}}
+        if self.data_class is not None:
+            config["data"] = {"class_path": self.data_class, "init_args": self.data}
+        return json.dumps(config, default=list)
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of `--name value` or `--name=value` in `argv`, or None."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 class VitDenseCLI(LightningCLI):
+    #: the `--ckpt_path` checkpoint of validate/test/predict (None: none, or one Lightning resolves)
+    checkpoint: Checkpoint | None = None
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
         parser.link_arguments("data.img_size", "model.init_args.backbone.img_size", apply_on="instantiate")
-        parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.class_names", "model.init_args.class_names", apply_on="instantiate")
+        for name in ("num_classes", "class_names"):
+            parser.link_arguments(
+                f"data.{name}",
+                f"model.init_args.{name}",
+                compute_fn=partial(self._classes_from_data, name),
+                apply_on="instantiate",
+            )
+
+    def _classes_from_data(self, name: str, value: Any) -> Any:
+        """The data's classes for the task; a checkpoint's when the data does not know them
+        (a folder of photos), and a clear error when the two disagree on the count."""
+        if self.checkpoint is None:
+            return value
+        recorded = self.checkpoint.task.get(name)
+        if value is None:
+            return recorded
+        if name == "num_classes" and recorded is not None and value != recorded:
+            raise ConfigError(
+                f"ckpt_path {self.checkpoint.path} was trained on {self.checkpoint.describe_classes()}, but the "
+                f"data has {value}; predict or test on data with the checkpoint's classes, or fine-tune from it "
+                f"with model.init_args.backbone.checkpoint"
+            )
+        return value
+
+    def parse_arguments(self, parser, args) -> None:
+        argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        ckpt_path = _option(argv, "--ckpt_path") if argv and argv[0] in ("validate", "test", "predict") else None
+        if ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS and not ckpt_path.startswith("registry"):
+            self.checkpoint = Checkpoint(ckpt_path)
+            given = ("-c", "--config", "--model", "--data")
+            if not any(arg == g or arg.startswith(g + "=") for arg in argv for g in given):
+                argv = [argv[0], "--config", self.checkpoint.config(), *argv[1:]]
+            args = argv
+        super().parse_arguments(parser, args)
+        if self.checkpoint is not None:
+            self._check_against_checkpoint()
+
+    def _check_against_checkpoint(self) -> None:
+        """The config's task must be the checkpoint's; what the data decided at training
+        (normalisation, categories) fills what the config leaves unset."""
+        config = self.config[self.config.subcommand]
+        ckpt = self.checkpoint
+        model_class = config.model.class_path if config.model is not None else None
+        if model_class is not None and model_class.rsplit(".", 1)[-1] != ckpt.task_class.rsplit(".", 1)[-1]:
+            raise ConfigError(
+                f"ckpt_path {ckpt.path} is a checkpoint of {ckpt.task_class}, but the config's model is "
+                f"{model_class}; use the config it was trained with, or leave --config out to take task and "
+                "data from the checkpoint"
+            )
+        data = config.data
+        if data is not None and ckpt.data_class is not None and data.class_path == ckpt.data_class:
+            for key in DATA_DECIDED:
+                if key in ckpt.data and data.init_args.get(key) is None:
+                    data.init_args[key] = ckpt.data[key]
 
     def instantiate_classes(self) -> None:
         try:

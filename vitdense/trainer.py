@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -18,7 +20,15 @@ class Trainer(L.Trainer):
     bf16 natively and to "32-true" elsewhere, and says which and why in one line. An
     explicit bf16 precision on a CPU without native bf16 runs as asked, with one warning.
     Every other argument is Lightning's own (forwarded unchanged).
+
+    It also says, from the moment `fit`/`validate`/`test`/`predict` is called, whether the
+    weights will come from a checkpoint (`weights_from_checkpoint`): Lightning sets
+    `ckpt_path` only after `prepare_data` and `setup`, where a task would otherwise fetch
+    pretrained weights the checkpoint then replaces (and fail offline).
     """
+
+    #: the running fit/validate/test/predict restores a checkpoint (`ckpt_path` given)
+    weights_from_checkpoint: bool = False
 
     def __init__(self, *, precision: Literal["auto"] | _PRECISION_INPUT | None = None, **kwargs: Any) -> None:
         # the signature forwards Lightning's arguments as they are: jsonargparse reads them from L.Trainer
@@ -28,3 +38,34 @@ class Trainer(L.Trainer):
         if resolved.warning:
             rank_zero_warn(resolved.warning)
         super().__init__(precision=resolved.precision, **kwargs)
+
+    def _note_checkpoint(self, method: str, args: tuple, kwargs: dict[str, Any]) -> None:
+        bound = inspect.signature(getattr(L.Trainer, method)).bind(self, *args, **kwargs)
+        ckpt_path = bound.arguments.get("ckpt_path")
+        if ckpt_path == "last":  # found only if a checkpoint callback has written one (else: from scratch)
+            found = [p for p in map(_last_checkpoint, self.checkpoint_callbacks) if p is not None and p.is_file()]
+            ckpt_path = found[0] if found else None
+        self.weights_from_checkpoint = ckpt_path is not None
+
+    def fit(self, *args: Any, **kwargs: Any) -> None:
+        self._note_checkpoint("fit", args, kwargs)
+        return super().fit(*args, **kwargs)
+
+    def validate(self, *args: Any, **kwargs: Any) -> Any:
+        self._note_checkpoint("validate", args, kwargs)
+        return super().validate(*args, **kwargs)
+
+    def test(self, *args: Any, **kwargs: Any) -> Any:
+        self._note_checkpoint("test", args, kwargs)
+        return super().test(*args, **kwargs)
+
+    def predict(self, *args: Any, **kwargs: Any) -> Any:
+        self._note_checkpoint("predict", args, kwargs)
+        return super().predict(*args, **kwargs)
+
+
+def _last_checkpoint(callback: Any) -> Path | None:
+    """Where a `ModelCheckpoint` with a fixed `dirpath` keeps its last checkpoint (None: no fixed folder)."""
+    if getattr(callback, "dirpath", None) is None:
+        return None
+    return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"

@@ -74,7 +74,9 @@ def test_map_equals_pycocotools_on_the_original_annotations(coco_val, backend, m
     ours = model.summarize(model.val_metrics.compute(), "val")
 
     gt = COCO(str(path))
-    results = [r for found in everything for r in coco_results(found, dataset.index)]
+    results = [
+        r for found in everything for r in coco_results(found, dataset.index.image_ids, dataset.index.category_ids)
+    ]
     evaluator = COCOeval(gt, gt.loadRes(results), "bbox")
     evaluator.evaluate()
     evaluator.accumulate()

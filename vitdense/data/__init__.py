@@ -13,6 +13,7 @@ from vitdense.data.coco import COCODataModule, CocoDetection, load_coco
 from vitdense.data.collate import pad_collate
 from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
 from vitdense.data.imagefolder import ImageFolderDataModule, ImageFolderDataset, find_classes
+from vitdense.data.images import ImageFiles, decode_image, find_images
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.synthetic import SyntheticClassificationDataModule, SyntheticShapes
 from vitdense.data.synthetic_det import SyntheticDetectionDataModule, write_synthetic_coco
@@ -20,7 +21,6 @@ from vitdense.data.synthetic_seg import SyntheticSegmentation, SyntheticSegmenta
 from vitdense.data.transforms import (
     classification_eval_transforms,
     classification_train_transforms,
-    decode_image,
     normalization,
     seed_worker_transforms,
 )
@@ -40,6 +40,7 @@ __all__ = [
     "image_dataloader",
     "CIFARDataModule",
     "CIFARImages",
+    "ImageFiles",
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "LabeledImages",
@@ -58,6 +59,7 @@ __all__ = [
     "detection_train_transforms",
     "load_coco",
     "find_classes",
+    "find_images",
     "normalization",
     "pad_collate",
     "seed_worker_transforms",

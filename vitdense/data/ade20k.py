@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ImageDataModule
+from vitdense.data.images import apply_orientation, read_image
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.transforms import decode_image
 from vitdense.errors import DataError
 from vitdense.types import SegmentedImages
 
@@ -228,9 +229,13 @@ class SegmentationFolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> SegmentedImages:
         image_path, mask_path = self.samples[index]
-        image = decode_image(image_path)
+        pixels, code = read_image(image_path)
         mask = self.load_mask(mask_path)
-        if image.shape[:2] != mask.shape:
+        image = apply_orientation(pixels, code)
+        if pixels.shape[:2] == mask.shape:
+            # drawn on the pixels as stored: the label map turns upright with its image
+            mask = apply_orientation(mask, code)
+        elif image.shape[:2] != mask.shape:  # else drawn on the upright image already
             raise DataError(
                 f"{image_path} is {image.shape[0]}x{image.shape[1]} (HxW) but its label map {mask_path} is "
                 f"{mask.shape[0]}x{mask.shape[1]}; a label map must match its image pixel for pixel"
@@ -270,6 +275,7 @@ class SegmentationDataModule(ImageDataModule):
         train_split, val_split: split folder names; predictions run on `val_split`.
         test_split: split to test on (needs label maps); none by default.
         image_suffix, mask_suffix: file name endings of images and label maps.
+        predict_dir: predict on this folder of images instead of `val_split` (see `ImageDataModule`).
     """
 
     #: what a missing root should have been; subclasses name their dataset and where to get it
@@ -301,12 +307,13 @@ class SegmentationDataModule(ImageDataModule):
         test_split: str | None = None,
         image_suffix: str = ".jpg",
         mask_suffix: str = ".png",
+        predict_dir: str | None = None,
     ) -> None:
-        super().__init__(crop_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
+        super().__init__(crop_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
-        if not self.root.is_dir():
+        if not self.root.is_dir() and predict_dir is None:  # predicting on a folder needs no dataset
             raise FileNotFoundError(f"{self.root}: no such directory; {self.layout_help}")
         self.class_names = list(class_names)
         if not self.class_names or len(set(self.class_names)) != len(self.class_names):
@@ -361,7 +368,7 @@ class SegmentationDataModule(ImageDataModule):
             ignore_index=self.ignore_index,
         )
 
-    def setup(self, stage: str) -> None:
+    def setup_splits(self, stage: str) -> None:
         if stage == "fit":
             self.train_dataset = self._split(self.train_split, self.train_transforms())
         if stage in ("fit", "validate"):
@@ -372,6 +379,18 @@ class SegmentationDataModule(ImageDataModule):
             self.test_dataset = self._split(self.test_split, self.eval_transforms())
         if stage == "predict":
             self.predict_dataset = self._split(self.val_split, self.eval_transforms())
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], SegmentedImages]:
+        return partial(segmented_sample, self.eval_transforms(), self.ignore_index)
+
+
+def segmented_sample(
+    transform: Callable[..., dict[str, Any]], ignore_index: int, image: np.ndarray, index: int
+) -> SegmentedImages:
+    """An unlabelled image for a segmentation task's `predict_step`: its label map is all
+    `ignore_index` at the image's own size, the size predictions are made at."""
+    mask = torch.full(image.shape[:2], ignore_index, dtype=torch.int64)
+    return SegmentedImages.of(transform(image=image)["image"], mask, index)
 
 
 class ADE20KDataModule(SegmentationDataModule):
@@ -410,6 +429,7 @@ class ADE20KDataModule(SegmentationDataModule):
         std: Triple | None = None,
         train_split: str = "training",
         val_split: str = "validation",
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__(
             root,
@@ -429,6 +449,7 @@ class ADE20KDataModule(SegmentationDataModule):
             train_split=train_split,
             val_split=val_split,
             test_split=val_split,  # ADE20K's labelled benchmark split: published mIoUs are on validation
+            predict_dir=predict_dir,
         )
         # drop the parent's arguments this signature fixes (class_names, reduce_zero_label, ...),
         # so that ADE20KDataModule(**hparams) rebuilds it from a checkpoint

@@ -10,10 +10,12 @@ from typing import Any
 
 import albumentations as A
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.collate import pad_collate
+from vitdense.data.images import ImageFiles
 from vitdense.data.samplers import EpochSeededDataset, EvalSampler, TrainSampler, data_seed, resume_position
 from vitdense.data.transforms import (
     classification_eval_transforms,
@@ -23,6 +25,7 @@ from vitdense.data.transforms import (
     seed_worker_transforms,
 )
 from vitdense.errors import DataError
+from vitdense.types import LabeledImages
 
 Triple = tuple[float, float, float]
 
@@ -111,6 +114,9 @@ class ImageDataModule(L.LightningDataModule):
         num_workers: loader worker processes.
         backbone: timm model name whose pretrained normalisation to use (see `normalization`).
         mean, std: explicit normalisation; each wins over the backbone's.
+        predict_dir: a folder of unlabelled images (any size and format, searched
+            recursively) to predict on instead of the dataset's own split; the dataset
+            itself need not be present then (classes come from the checkpoint).
     """
 
     #: label of unlabelled pixels; label maps are padded with it (segmentation)
@@ -127,6 +133,7 @@ class ImageDataModule(L.LightningDataModule):
         backbone: str | None,
         mean: Triple | None,
         std: Triple | None,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
         if img_size < 1 or batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
@@ -138,6 +145,7 @@ class ImageDataModule(L.LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.mean, self.std = resolve_normalization(backbone, mean, std)
+        self.predict_dir = predict_dir
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
@@ -153,6 +161,25 @@ class ImageDataModule(L.LightningDataModule):
         torch's seed, so without this `seed_everything` would not reproduce the crops."""
         transform.set_random_seed(process_seed())
         return transform
+
+    def setup(self, stage: str) -> None:
+        """The datasets of `stage`: `predict_dir`'s images when predicting on a folder, else
+        the subclass's splits (`setup_splits`)."""
+        if "mean" in self.hparams:  # checkpoints record the normalisation used, also one taken from the backbone
+            self.hparams.update(mean=list(self.mean), std=list(self.std))
+        if stage == "predict" and self.predict_dir is not None:
+            self.predict_dataset = ImageFiles(self.predict_dir, self.predict_sample())
+        else:
+            self.setup_splits(stage)
+
+    def setup_splits(self, stage: str) -> None:
+        """Fill `train_dataset` / `val_dataset` / `test_dataset` / `predict_dataset` for `stage`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement setup_splits")
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], Any]:
+        """`f(image [H, W, 3] uint8, index)` -> the unlabelled sample this DataModule's task
+        predicts on, preprocessed as in evaluation (`predict_dir`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot predict on a folder of images (no predict_sample)")
 
     def _loader(self, dataset: Dataset | None, split: str) -> DataLoader:
         if dataset is None:
@@ -189,3 +216,11 @@ class ClassificationDataModule(ImageDataModule):
 
     def eval_transforms(self, crop_pct: float) -> A.Compose:
         return classification_eval_transforms(self.img_size, self.mean, self.std, crop_pct=crop_pct)
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], LabeledImages]:
+        return partial(labeled_sample, self.eval_transforms(getattr(self, "crop_pct", 1.0)))
+
+
+def labeled_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> LabeledImages:
+    """An unlabelled image (label -1) for a classification task's `predict_step`."""
+    return LabeledImages(transform(image=image)["image"], -1, index)

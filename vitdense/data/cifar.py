@@ -95,6 +95,8 @@ class CIFARDataModule(ClassificationDataModule):
         seed: seed of the held-out split.
         scale: area range of the training random resized crop.
         color_jitter: training colour jitter strength (0, the default, disables it).
+        predict_dir: predict on this folder of images (resized whole to img_size) instead
+            of the test split (see `ImageDataModule`).
     """
 
     def __init__(
@@ -113,8 +115,9 @@ class CIFARDataModule(ClassificationDataModule):
         scale: tuple[float, float] = (0.08, 1.0),
         color_jitter: float = 0.0,
         eval_batch_size: int | None = None,
+        predict_dir: str | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
         if variant not in _VARIANTS:
             raise DataError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
         if not 0 <= val_fraction < 1:
@@ -127,6 +130,7 @@ class CIFARDataModule(ClassificationDataModule):
         self.dataset_class, names = _VARIANTS[variant]
         self.class_names = list(names)
         self.num_classes = len(names)
+        self.crop_pct = 1.0  # CIFAR is resized whole
 
     def _missing(self, reason: str) -> FileNotFoundError:
         cls = self.dataset_class
@@ -162,8 +166,8 @@ class CIFARDataModule(ClassificationDataModule):
     def train_location(self) -> str:
         return str(self.root / self.dataset_class.base_folder)
 
-    def setup(self, stage: str) -> None:
-        eval_transform = self.eval_transforms(crop_pct=1.0)  # CIFAR is resized whole
+    def setup_splits(self, stage: str) -> None:
+        eval_transform = self.eval_transforms(self.crop_pct)
         if stage in ("fit", "validate"):
             if self.val_fraction > 0:
                 images, labels = self._load(train=True)

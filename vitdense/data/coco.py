@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from torchvision.ops import box_convert
 
 from vitdense.data.base import ImageDataModule
 from vitdense.data.det_transforms import DETR_SCALES, detection_eval_transforms, detection_train_transforms
-from vitdense.data.transforms import decode_image
+from vitdense.data.images import apply_orientation, read_image
 from vitdense.errors import DataError
 from vitdense.types import BoxTargets, DetectedImages, Detections, EvalTargets
 
@@ -72,6 +73,11 @@ class CocoIndex:
     category_ids: list[int]
     class_names: list[str]
     images: list[CocoImage]
+
+    @property
+    def image_ids(self) -> list[int]:
+        """The JSON's id of each image, in dataset order."""
+        return [image.id for image in self.images]
 
 
 def _require(entry: Any, keys: tuple[str, ...], where: str, path: Path) -> None:
@@ -199,18 +205,23 @@ def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: b
     return CocoIndex(path, image_dir, category_ids, class_names, images)
 
 
-def coco_results(found: Detections, index: CocoIndex) -> list[dict[str, Any]]:
+def coco_results(
+    found: Detections,
+    image_ids: Sequence[int],
+    category_ids: Sequence[int],
+    file_names: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
     """Detections as COCO results entries (what `COCO.loadRes` and the evaluation server
-    read): `image_id` and `category_id` as in the JSON, `bbox` as [x, y, width, height]
-    pixels of the original image, `score`."""
+    read): `image_id` (`image_ids[i]` for dataset sample i) and `category_id` (of each
+    label) as in the JSON, `bbox` as [x, y, width, height] pixels of the original image,
+    `score`; with `file_names`, each entry also names its image file (`file_name`)."""
     results = []
     for i, boxes, scores, labels in zip(found.index.tolist(), found.boxes, found.scores, found.labels, strict=True):
-        image_id = index.images[i].id
+        named = {"file_name": file_names[i]} if file_names is not None else {}
         xywh = box_convert(boxes.float(), "xyxy", "xywh").tolist()
         for box, score, label in zip(xywh, scores.tolist(), labels.tolist(), strict=True):
-            results.append(
-                {"image_id": image_id, "category_id": index.category_ids[label], "bbox": box, "score": score}
-            )
+            entry = {"image_id": image_ids[i], "category_id": category_ids[label], "bbox": box, "score": score}
+            results.append({**entry, **named})
     return results
 
 
@@ -241,7 +252,11 @@ class CocoDetection(Dataset):
     def __getitem__(self, i: int) -> DetectedImages:
         entry = self.index.images[i]
         path = self.index.image_dir / entry.file_name
-        image = decode_image(path)
+        # COCO's sizes and boxes are those of the pixels as stored (pycocotools and torchvision
+        # ignore EXIF orientation); a dataset annotated on upright photos matches after turning
+        pixels, code = read_image(path)
+        upright = apply_orientation(pixels, code)
+        image = pixels if pixels.shape[:2] == (entry.height, entry.width) else upright
         if image.shape[:2] != (entry.height, entry.width):
             raise DataError(
                 f"{path}: the image is {image.shape[1]}x{image.shape[0]} (width x height) but "
@@ -291,7 +306,11 @@ class COCODataModule(ImageDataModule):
             to every image's own grid); not the size images are resized to.
         scales, max_size, crop_scales, crop_size: DETR's training resize and crop settings.
         eval_short_side: shortest side in evaluation (DETR: 800).
-        batch_size, eval_batch_size, num_workers, backbone, mean, std: see `ImageDataModule`.
+        batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir: see
+            `ImageDataModule`.
+        categories: {category id: name}; None: the validation JSON's (a checkpoint records
+            them, so that predicting on a folder of images needs no annotations). When
+            given, every split's JSON must list the same.
     """
 
     def __init__(
@@ -315,9 +334,10 @@ class COCODataModule(ImageDataModule):
         backbone: str | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
+        predict_dir: str | None = None,
+        categories: dict[int, str] | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
-        self.save_hyperparameters(ignore=["backbone"])
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
         self.root = Path(root)
         self.splits = {
             "train": (train_images, train_annotations),
@@ -327,8 +347,14 @@ class COCODataModule(ImageDataModule):
         self.scales, self.max_size = list(scales), max_size
         self.crop_scales, self.crop_size = list(crop_scales), tuple(crop_size)
         self.eval_short_side = eval_short_side
-        self.category_ids, self.class_names = self.read_categories()
+        if categories is None:
+            self.category_ids, self.class_names = self.read_categories()
+        else:
+            self.category_ids, self.class_names = [int(c) for c in categories], list(categories.values())
         self.num_classes = len(self.class_names)
+        self.save_hyperparameters(ignore=["backbone"])
+        # a checkpoint records the categories: it predicts on a folder without the JSON
+        self.hparams["categories"] = dict(zip(self.category_ids, self.class_names, strict=True))
         self.indexes: dict[str, CocoIndex] = {}
 
     def annotation_path(self, split: str) -> Path:
@@ -372,10 +398,24 @@ class COCODataModule(ImageDataModule):
     def eval_transforms(self) -> A.Compose:
         return detection_eval_transforms(self.mean, self.std, self.eval_short_side, self.max_size)
 
-    def setup(self, stage: str) -> None:
+    def setup_splits(self, stage: str) -> None:
         if stage == "fit":
             self.train_dataset = CocoDetection(self.index("train"), self.train_transforms(), with_eval_targets=False)
         if stage in ("fit", "validate", "predict"):
             self.val_dataset = self.predict_dataset = CocoDetection(self.index("val"), self.eval_transforms())
         if stage == "test":
             self.test_dataset = CocoDetection(self.index("test"), self.eval_transforms())
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], DetectedImages]:
+        return partial(detected_sample, self.eval_transforms())
+
+
+def detected_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> DetectedImages:
+    """An unlabelled image for a detection task's `predict_step` (no objects; boxes are
+    predicted at the image's own size)."""
+    out = transform(image=image, bboxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64))
+    img = out["image"]
+    no_objects = BoxTargets(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
+    return DetectedImages(
+        img, no_objects, index, image_sizes=tuple(img.shape[-2:]), orig_sizes=(int(image.shape[0]), int(image.shape[1]))
+    )

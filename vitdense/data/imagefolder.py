@@ -15,9 +15,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ClassificationDataModule
-from vitdense.data.transforms import (
-    decode_image,
-)
+from vitdense.data.images import decode_image
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -132,6 +130,9 @@ class ImageFolderDataModule(ClassificationDataModule):
         color_jitter: training colour jitter strength (0 disables it).
         crop_pct: evaluation centre-crop fraction (images are resized to img_size / crop_pct).
         predict_split: split folder to predict on; defaults to `val_split`.
+        predict_dir: predict on this folder of images instead (see `ImageDataModule`).
+        classes: class names in label order; None: the train split's sorted folder names
+            (a checkpoint records them, so predicting on a folder needs no dataset).
     """
 
     def __init__(
@@ -151,16 +152,26 @@ class ImageFolderDataModule(ClassificationDataModule):
         crop_pct: float = 0.875,
         predict_split: str | None = None,
         eval_batch_size: int | None = None,
+        predict_dir: str | None = None,
+        classes: list[str] | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std)
-        # the encoder name only picks mean and std (kept as attributes); the task logs it already
-        self.save_hyperparameters(ignore=["backbone"])
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
         self.root = Path(root)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.predict_split = predict_split or val_split
         self.scale, self.color_jitter, self.crop_pct = tuple(scale), color_jitter, crop_pct
-        self.class_names = find_classes(self.root / train_split)
+        # the encoder name only picks mean and std (kept as attributes); the task logs it already
+        self.save_hyperparameters(ignore=["backbone"])
+        if classes is None:
+            classes = find_classes(self.root / train_split)
+        elif (self.root / train_split).is_dir() and find_classes(self.root / train_split) != list(classes):
+            raise DataError(
+                f"data.classes differ from the class folders of {self.root / train_split}; "
+                "leave classes unset to take the folders' names"
+            )
+        self.class_names = list(classes)
         self.num_classes = len(self.class_names)
+        self.hparams["classes"] = self.class_names  # a checkpoint predicts on a folder without the dataset
 
     @property
     def train_location(self) -> str:
@@ -169,7 +180,7 @@ class ImageFolderDataModule(ClassificationDataModule):
     def _eval_split(self, split: str) -> ImageFolderDataset:
         return ImageFolderDataset(self.root / split, self.eval_transforms(self.crop_pct), class_names=self.class_names)
 
-    def setup(self, stage: str) -> None:
+    def setup_splits(self, stage: str) -> None:
         if stage == "fit":
             train_transform = self.train_transforms(self.scale, self.color_jitter)
             self.train_dataset = ImageFolderDataset(

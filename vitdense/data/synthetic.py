@@ -6,11 +6,15 @@ of (seed, split, index), so runs are reproducible and workers need no shared sta
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vitdense.data.base import ImageDataModule
+from vitdense.data.base import ImageDataModule, labeled_sample
+from vitdense.data.transforms import classification_eval_transforms
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -104,6 +108,8 @@ class SyntheticClassificationDataModule(ImageDataModule):
         seed: base seed of the generator.
         backbone: timm name of the encoder (linked by the CLI); images are normalised with
             its pretrained mean and std.
+        predict_dir: predict on this folder of images (resized whole to img_size) instead
+            of the validation split (see `ImageDataModule`).
     """
 
     def __init__(
@@ -117,8 +123,9 @@ class SyntheticClassificationDataModule(ImageDataModule):
         seed: int = 0,
         backbone: str | None = None,
         eval_batch_size: int | None = None,
+        predict_dir: str | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None)
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None, predict_dir)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES):
@@ -132,7 +139,10 @@ class SyntheticClassificationDataModule(ImageDataModule):
         offset, length = {"train": (0, self.train_size), "val": (1, self.val_size), "test": (2, self.val_size)}[name]
         return SyntheticShapes(length, self.img_size, self.num_classes, self.seed * 10 + offset, self.mean, self.std)
 
-    def setup(self, stage: str) -> None:
+    def setup_splits(self, stage: str) -> None:
         self.train_dataset = self.split("train")
         self.val_dataset = self.predict_dataset = self.split("val")
         self.test_dataset = self.split("test")
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], LabeledImages]:
+        return partial(labeled_sample, classification_eval_transforms(self.img_size, self.mean, self.std, 1.0))

@@ -121,7 +121,8 @@ class SyntheticDetectionDataModule(COCODataModule):
         max_size: bound of the longest side in training and evaluation (None: img_size, so
             every image fits in an img_size square; evaluation resizes the shortest side to
             img_size unless that bound is hit).
-        batch_size, eval_batch_size, num_workers, backbone, mean, std: see `ImageDataModule`.
+        batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir: see
+            `ImageDataModule`.
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class SyntheticDetectionDataModule(COCODataModule):
         backbone: str | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
+        predict_dir: str | None = None,
     ) -> None:
         if not 1 <= num_classes <= len(SHAPES):
             raise DataError(f"num_classes={num_classes}: the synthetic data has 1 to {len(SHAPES)} shape classes")
@@ -169,8 +171,10 @@ class SyntheticDetectionDataModule(COCODataModule):
             backbone=backbone,
             mean=mean,
             std=std,
+            predict_dir=predict_dir,
         )
         self.save_hyperparameters(ignore=["backbone"])
+        self.hparams.pop("categories", None)  # fixed by num_classes, not an argument here
 
     def read_categories(self) -> tuple[list[int], list[str]]:
         k = self.synthetic["num_classes"]
@@ -188,8 +192,9 @@ class SyntheticDetectionDataModule(COCODataModule):
         meta.write_text(json.dumps(self.synthetic))
 
     def prepare_data(self) -> None:
-        self.write_if_missing()
+        if not (self.predict_dir is not None and self.trainer is not None and self.trainer.predicting):
+            self.write_if_missing()
 
-    def setup(self, stage: str) -> None:
+    def setup_splits(self, stage: str) -> None:
         self.write_if_missing()  # setup without a Trainer (tests, notebooks) skips prepare_data
-        super().setup(stage)
+        super().setup_splits(stage)

@@ -8,12 +8,14 @@ sample is a pure function of (seed, split, index).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from vitdense.data.ade20k import segmented_sample
 from vitdense.data.base import ImageDataModule
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
@@ -131,6 +133,8 @@ class SyntheticSegmentationDataModule(ImageDataModule):
         seed: base seed of the generator.
         backbone: timm name of the encoder (linked by the CLI); images are normalised with
             its pretrained mean and std.
+        predict_dir: predict on this folder of images (short side resized to img_size)
+            instead of the validation scenes (see `ImageDataModule`).
     """
 
     def __init__(
@@ -144,8 +148,9 @@ class SyntheticSegmentationDataModule(ImageDataModule):
         seed: int = 0,
         backbone: str | None = None,
         eval_batch_size: int | None = None,
+        predict_dir: str | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None)
+        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None, predict_dir)
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES) + 1:
@@ -186,7 +191,10 @@ class SyntheticSegmentationDataModule(ImageDataModule):
             transform=transform,
         )
 
-    def setup(self, stage: str) -> None:
+    def setup_splits(self, stage: str) -> None:
         self.train_dataset = self.split("train")
         self.val_dataset = self.predict_dataset = self.split("val")
         self.test_dataset = self.split("test")
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], SegmentedImages]:
+        return partial(segmented_sample, segmentation_eval_transforms(self.img_size, self.mean, self.std), 255)

@@ -10,7 +10,6 @@ tensor normalised per channel.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import albumentations as A
 import cv2
@@ -20,7 +19,6 @@ import torch
 from albumentations.pytorch import ToTensorV2
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.fabric.utilities.seed import pl_worker_init_function
-from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.backbone.pretrained import check_model_name
@@ -120,23 +118,6 @@ def resolve_normalization(backbone: str | None, mean: Triple | None, std: Triple
     """(mean, std): explicit values win, each on its own; the rest comes from `normalization(backbone)`."""
     default_mean, default_std = normalization(backbone) if mean is None or std is None else (mean, std)
     return (tuple(mean) if mean is not None else default_mean), (tuple(std) if std is not None else default_std)
-
-
-def decode_image(path: str | Path) -> np.ndarray:
-    """Read an image file as a [H, W, 3] uint8 RGB array (grayscale, CMYK, RGBA, palette converted).
-
-    Raises:
-        ValueError: the file is corrupt, truncated or not an image; it is named so it can be
-            replaced or deleted rather than silently skipped.
-    """
-    try:
-        with Image.open(path) as img:
-            # open() only reads the header; convert() decodes, so truncation surfaces here
-            return np.asarray(img.convert("RGB"))
-    except FileNotFoundError:
-        raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
-        raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
 
 
 def process_seed() -> int:

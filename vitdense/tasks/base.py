@@ -216,6 +216,8 @@ class BaseTask(L.LightningModule):
         factory as a `HeadSpec` in the hyperparameters so that a checkpoint rebuilds the same
         head (a factory that is not a class or a partial of one cannot be recorded:
         `load_from_checkpoint` then needs `head=` again)."""
+        if isinstance(head, dict):  # as recorded in hyperparameters: {class_path, init_args}
+            head = HeadSpec(head["class_path"], dict(head.get("init_args") or {}))
         if copies is None:
             self.head = head(in_features, num_classes)
         else:
@@ -225,7 +227,8 @@ class BaseTask(L.LightningModule):
             rank_zero_warn(f"head {head!r} is not a class or a partial of one; pass head= to load_from_checkpoint")
             self.hparams.pop("head", None)
         else:
-            self.hparams["head"] = spec
+            # plain data, as YAML writes a class: LightningCLI merges it back into its config
+            self.hparams["head"] = {"class_path": spec.class_path, "init_args": spec.init_args}
 
     def set_classes(self, num_classes: int, class_names: list[str] | None) -> None:
         """Record K (`num_classes`) and the class names (default "0".."K-1"), which must agree."""
@@ -290,13 +293,18 @@ class BaseTask(L.LightningModule):
         self.backbone.load_state_dict(weights.state_dict())
         self.pretrained_loaded = True
 
+    def _weights_from_checkpoint(self) -> bool:
+        """The trainer will load a checkpoint into this task (vitdense's Trainer knows before
+        `prepare_data`; Lightning's sets `ckpt_path` only after `setup`)."""
+        return self.trainer.ckpt_path is not None or getattr(self.trainer, "weights_from_checkpoint", False)
+
     def prepare_data(self) -> None:
-        if not self.pretrained_loaded and self.trainer.ckpt_path is None:
+        if not self.pretrained_loaded and not self._weights_from_checkpoint():
             self.fetch_pretrained()
 
     def setup(self, stage: str) -> None:
         # a run restored from a checkpoint gets the checkpoint's weights: no fetch, works offline
-        if not self.pretrained_loaded and self.trainer.ckpt_path is None:
+        if not self.pretrained_loaded and not self._weights_from_checkpoint():
             self.load_pretrained()
 
     # ------------------------------------------------------------------------ the loop

@@ -1,0 +1,196 @@
+"""A checkpoint is self-contained: `predict --ckpt_path X --data.predict_dir photos/` on any
+folder of images for every task, offline, without the dataset or a config; and a checkpoint
+that does not fit is one clear line."""
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitdense.tasks  # noqa: F401  (the types checkpoints hold, for weights_only loading)
+from vitdense.cli import main
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+#: each demo shrunk to seconds: (config, data overrides)
+DEMOS = {
+    "cls": ("demo_cls.yaml", ["--data.init_args.train_size=8", "--data.init_args.val_size=4"]),
+    "seg": ("demo_seg.yaml", ["--data.init_args.img_size=32", "--data.init_args.train_size=8"]),
+    "det": ("demo_det.yaml", ["--data.init_args.img_size=32", "--data.init_args.train_size=8"]),
+}
+#: stored (H, W) of each photo; the EXIF-rotated one is upright as (60, 40)
+PHOTOS = {
+    "a.jpg": (50, 70),
+    "rotated.jpg": (40, 60),
+    "gray16.png": (33, 47),
+    "rgba.png": (30, 30),
+    "cmyk.jpg": (45, 35),
+    "palette.gif": (28, 52),
+    "sub/deeper.png": (64, 48),
+}
+UPRIGHT = {**PHOTOS, "rotated.jpg": (60, 40)}
+
+
+def write_photos(root: Path) -> Path:
+    """A folder of unlabelled images as users have them: sizes, formats, modes, EXIF, a
+    sub-folder and a file that is not an image."""
+    rng = np.random.default_rng(0)
+    (root / "sub").mkdir(parents=True)
+    for name, (h, w) in PHOTOS.items():
+        rgb = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        if name == "rotated.jpg":
+            exif = Image.Exif()
+            exif[274] = 6  # stored sideways; viewers turn it 90 degrees clockwise
+            rgb.save(root / name, exif=exif)
+        elif name == "gray16.png":
+            Image.fromarray(rng.integers(0, 65536, (h, w)).astype(np.uint16)).save(root / name)
+        elif name == "rgba.png":
+            rgb.convert("RGBA").save(root / name)
+        elif name == "cmyk.jpg":
+            rgb.convert("CMYK").save(root / name)
+        elif name == "palette.gif":
+            rgb.convert("P").save(root / name)
+        else:
+            rgb.save(root / name)
+    (root / "README.txt").write_text("not an image")
+    return root
+
+
+def offline_env(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Each demo fitted for one step; {task: (its folder, its last.ckpt)}."""
+    out = {}
+    cwd = os.getcwd()
+    try:
+        for task, (config, overrides) in DEMOS.items():
+            folder = tmp_path_factory.mktemp(task)
+            os.chdir(folder)
+            args = ["fit", "--config", str(CONFIGS / config), *overrides, "--data.init_args.batch_size=4"]
+            args += ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]
+            main(args)
+            out[task] = folder, folder / "runs" / config.removesuffix(".yaml") / "checkpoints" / "last.ckpt"
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def predict(ckpt: Path, photos: Path, *writer: str) -> None:
+    main(["predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={photos}", "--trainer.logger=false", *writer])
+
+
+def test_classification_predicts_a_folder_from_the_checkpoint_alone(trained, tmp_path, monkeypatch):
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)  # no dataset, no config here
+    _, ckpt = trained["cls"]
+    out = tmp_path / "classes.csv"
+    writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
+    predict(ckpt, write_photos(tmp_path / "photos"), *writer)
+    rows = list(csv.DictReader(out.open()))
+    assert sorted(Path(r["path"]).relative_to(tmp_path / "photos").as_posix() for r in rows) == sorted(PHOTOS)
+    names = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["class_names"]
+    assert {r["class_1"] for r in rows} <= set(names)  # the checkpoint's class names
+
+
+def test_segmentation_writes_label_maps_at_each_upright_size(trained, tmp_path, monkeypatch):
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    _, ckpt = trained["seg"]
+    out = tmp_path / "masks"
+    writer = ["--trainer.callbacks+=vitdense.callbacks.SegmentationPredictionWriter"]
+    writer += [f"--trainer.callbacks.output_dir={out}", "--trainer.callbacks.overlay=true"]
+    predict(ckpt, write_photos(tmp_path / "photos"), *writer)
+    for name, size in UPRIGHT.items():
+        stem = Path(name).stem
+        labels = np.asarray(Image.open(out / f"{stem}.png"))
+        assert labels.shape == size, name  # the original size, turned upright as the photo is shown
+        assert labels.max() < 4
+        assert Image.open(out / f"{stem}_overlay.jpg").size == size[::-1]
+
+
+def test_detection_writes_coco_results_with_file_names(trained, tmp_path, monkeypatch):
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    _, ckpt = trained["det"]
+    out = tmp_path / "dets.json"
+    writer = ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    writer += [f"--trainer.callbacks.draw_dir={tmp_path / 'drawn'}"]
+    predict(ckpt, write_photos(tmp_path / "photos"), *writer)
+    results = json.loads(out.read_text())
+    by_file = {r["file_name"]: r["image_id"] for r in results}
+    assert sorted(by_file) == sorted(PHOTOS) and sorted(by_file.values()) == list(range(1, len(PHOTOS) + 1))
+    assert {r["category_id"] for r in results} <= {1, 3, 5}  # the training JSON's category ids
+    for r in results:  # boxes at each photo's upright size (a box may reach a little past the edge)
+        h, w = UPRIGHT[r["file_name"]]
+        x, y, bw, bh = r["bbox"]
+        assert -0.5 * w <= x <= w and -0.5 * h <= y <= h and 0 <= bw <= 1.5 * w and 0 <= bh <= 1.5 * h
+    assert len(list((tmp_path / "drawn").glob("*.jpg"))) == len(PHOTOS)
+
+
+def test_a_checkpoint_of_pretrained_weights_restores_offline(trained, tmp_path, monkeypatch):
+    """A run that started from hub weights predicts from its checkpoint with no network: the
+    checkpoint's weights replace the hub's, which are never fetched."""
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    _, ckpt = trained["cls"]
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    state["hyper_parameters"]["backbone"]["pretrained"] = True  # as if fitted from augreg weights
+    state["hyper_parameters"]["backbone"]["name"] = "vit_tiny_patch16_224.augreg_in21k"
+    moved = tmp_path / "from_hub.ckpt"
+    torch.save(state, moved)
+    out = tmp_path / "classes.csv"
+    writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
+    predict(moved, write_photos(tmp_path / "photos"), *writer)
+    assert len(list(csv.DictReader(out.open()))) == len(PHOTOS)
+
+
+def run_error(args, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_a_file_that_is_not_a_checkpoint(tmp_path, capsys):
+    text = tmp_path / "notes.ckpt"
+    text.write_text("hello")
+    line = run_error(["predict", f"--ckpt_path={text}", "--data.predict_dir=."], capsys)
+    assert line.startswith(f"vitdense: error: ckpt_path {text}: not a PyTorch Lightning checkpoint")
+    assert "weights_only=False" not in line
+    line = run_error(["predict", f"--ckpt_path={tmp_path / 'missing.ckpt'}"], capsys)
+    assert line == f"vitdense: error: ckpt_path {tmp_path / 'missing.ckpt'}: no such file"
+
+
+def test_a_weights_file_is_pointed_to_backbone_checkpoint(tmp_path, capsys):
+    weights = tmp_path / "vit.pth"
+    torch.save({"cls_token": torch.zeros(1, 1, 8)}, weights)
+    line = run_error(["predict", f"--ckpt_path={weights}"], capsys)
+    assert "weights without the task they belong to" in line
+    assert f"model.init_args.backbone.checkpoint={weights}" in line
+
+
+def test_a_checkpoint_of_another_task(trained, capsys, monkeypatch):
+    folder, ckpt = trained["seg"]
+    monkeypatch.chdir(folder)
+    line = run_error(["predict", "--config", str(CONFIGS / "demo_det.yaml"), f"--ckpt_path={ckpt}"], capsys)
+    assert f"ckpt_path {ckpt} is a checkpoint of vitdense.tasks.SegmentationTask" in line
+    assert "the config's model is vitdense.tasks.DetectionTask" in line
+
+
+def test_a_checkpoint_of_another_class_count(trained, capsys, monkeypatch):
+    folder, ckpt = trained["cls"]
+    monkeypatch.chdir(folder)
+    args = ["test", "--config", str(CONFIGS / "demo_cls.yaml"), f"--ckpt_path={ckpt}"]
+    line = run_error([*args, "--data.init_args.num_classes=3"], capsys)
+    assert f"ckpt_path {ckpt} was trained on 4 classes (circle, square, triangle, cross)" in line
+    assert "but the data has 3" in line

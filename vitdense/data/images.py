@@ -1,0 +1,160 @@
+"""Reading image files the way a user's camera or scanner wrote them, and predicting on a
+folder of them.
+
+`decode_image` turns any file Pillow reads into a [H, W, 3] uint8 RGB array:
+
+- EXIF orientation is applied, so a phone photo is upright as every viewer shows it
+  (`orientation` and `apply_orientation` let a label map follow its image);
+- high-bit-depth pixels (16-bit PNG/TIFF, 32-bit integer, float) are scaled to 8 bits,
+  not clipped (Pillow's own conversion clips 16-bit values, turning most pixels white);
+- grayscale, palette, CMYK, RGBA and LA images are converted to RGB (alpha is dropped, as
+  timm's and torchvision's loaders drop it).
+
+`ImageFiles` is the dataset of unlabelled images every DataModule predicts on when given
+`predict_dir`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from vitdense.errors import DataError
+
+_logger = logging.getLogger(__name__)
+
+#: file endings read as images (compared case-insensitively)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm")
+#: EXIF tag 0x0112
+_ORIENTATION_TAG = 274
+#: Pillow modes of one channel wider than 8 bits, with the value that maps to 255
+_WIDE_MODES = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I;16N": 65535, "I": 65535}
+
+
+def orientation(img: Image.Image) -> int:
+    """The EXIF orientation (1..8) of an opened image; 1 (upright) when it has none."""
+    try:
+        value = img.getexif().get(_ORIENTATION_TAG, 1)
+    except Exception:  # a malformed EXIF block must not make the image unreadable
+        return 1
+    return value if value in range(1, 9) else 1
+
+
+def apply_orientation(array: np.ndarray, code: int) -> np.ndarray:
+    """`array` ([H, W] or [H, W, C]) turned upright for EXIF orientation `code`, as
+    `PIL.ImageOps.exif_transpose` turns the image (2: mirrored, 3: rotated 180, 6: rotated 90
+    clockwise, ...)."""
+    if code == 2:
+        out = array[:, ::-1]
+    elif code == 3:
+        out = array[::-1, ::-1]
+    elif code == 4:
+        out = array[::-1]
+    elif code == 5:
+        out = array.swapaxes(0, 1)
+    elif code == 6:
+        out = np.rot90(array, -1)
+    elif code == 7:
+        out = array[::-1, ::-1].swapaxes(0, 1)
+    elif code == 8:
+        out = np.rot90(array, 1)
+    else:
+        return array
+    return np.ascontiguousarray(out)
+
+
+def to_rgb8(img: Image.Image) -> np.ndarray:
+    """[H, W, 3] uint8 RGB pixels of an opened image, high bit depths scaled to 8 bits."""
+    mode = img.mode
+    if mode in _WIDE_MODES or mode == "F":
+        values = np.asarray(img, dtype=np.float64)
+        if mode == "F":  # float images: [0, 1] when they fit in it, else 8-bit-like values
+            scale = 255.0 if values.max(initial=0.0) <= 1.0 else 1.0
+        elif mode == "I" and values.max(initial=0) <= 255:  # 32-bit container of 8-bit values
+            scale = 1.0
+        else:
+            scale = 255.0 / _WIDE_MODES[mode]
+        gray = np.clip(np.rint(values * scale), 0, 255).astype(np.uint8)
+        return np.repeat(gray[..., None], 3, axis=2)
+    if mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # (Pillow warns when a palette's transparency is dropped directly)
+    return np.asarray(img.convert("RGB"))
+
+
+def read_image(path: str | Path) -> tuple[np.ndarray, int]:
+    """The pixels of an image file as stored ([H, W, 3] uint8 RGB, not yet oriented) and its
+    EXIF orientation code.
+
+    Raises:
+        FileNotFoundError: no such file.
+        DataError: the file is empty, corrupt, truncated or not an image; it is named so it
+            can be replaced or deleted rather than silently skipped.
+    """
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            raise DataError(f"{path}: empty file (0 bytes); replace or delete it")
+        with Image.open(path) as img:
+            # open() only reads the header; decoding happens here, so truncation surfaces here
+            return to_rgb8(img), orientation(img)
+    except (FileNotFoundError, DataError):
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
+
+
+def decode_image(path: str | Path) -> np.ndarray:
+    """Read an image file as an upright [H, W, 3] uint8 RGB array (see the module docstring)."""
+    pixels, code = read_image(path)
+    return apply_orientation(pixels, code)
+
+
+def find_images(root: str | Path) -> list[Path]:
+    """The image files under `root` (recursively, by `IMAGE_SUFFIXES`, hidden ones left out),
+    sorted; other files are counted in the log, never silently passed over.
+
+    Raises:
+        FileNotFoundError: `root` is not a folder.
+        DataError: it holds no image.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such folder of images to predict on (data.predict_dir)")
+    images, others = [], []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        (images if path.suffix.lower() in IMAGE_SUFFIXES else others).append(path)
+    if not images:
+        raise DataError(f"{root}: no image files in it (looked for {', '.join(IMAGE_SUFFIXES)})")
+    if others:
+        shown = ", ".join(p.name for p in others[:5]) + (", ..." if len(others) > 5 else "")
+        _logger.warning("%s: %d files that are not images left out (%s)", root, len(others), shown)
+    return images
+
+
+class ImageFiles(Dataset):
+    """Unlabelled images of any size and format from a folder, for prediction.
+
+    Args:
+        root: folder searched recursively (`find_images`).
+        to_sample: `to_sample(image [H, W, 3] uint8, index)` -> the sample the task's
+            `predict_step` takes; the DataModule supplies it with its evaluation transform.
+    """
+
+    def __init__(self, root: str | Path, to_sample: Callable[[np.ndarray, int], Any]) -> None:
+        self.root = Path(root)
+        self.image_paths = find_images(self.root)
+        self.to_sample = to_sample
+
+    def __len__(self) -> int:
+        return len(self.image_paths)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.to_sample(decode_image(self.image_paths[index]), index)
