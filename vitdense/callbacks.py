@@ -49,6 +49,8 @@ class TopKPredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
+            return
         names = getattr(pl_module, "class_names", None)
         dataset = predicted_dataset(trainer, dataloader_idx)
         k = prediction.classes.shape[1]
@@ -130,6 +132,8 @@ class SegmentationPredictionWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
+            return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         palette = getattr(trainer.datamodule, "palette", None)
         palette = np.asarray(palette, dtype=np.uint8) if palette is not None else default_palette(pl_module.num_classes)
@@ -193,6 +197,8 @@ class COCOResultsWriter(BasePredictionWriter):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
+        if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
+            return
         # (vitdense.data imports albumentations; callbacks stay light until they write)
         from vitdense.data.coco import CocoIndex, coco_results
         from vitdense.data.images import decode_image

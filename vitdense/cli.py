@@ -28,7 +28,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.cli import LightningCLI
+import yaml
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vitdense.backbone import CheckpointError
 from vitdense.errors import ConfigError, DataError
@@ -103,6 +104,44 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def _config_files(argv: list[str]) -> list[Path]:
+    """The existing files given as `-c`/`--config` in `argv` (a config may also be given
+    inline, as a YAML or JSON string)."""
+    values = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("-c", "--config")]
+    values += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    return [Path(v) for v in values if "\n" not in v and not v.lstrip().startswith("{") and Path(v).is_file()]
+
+
+def _check_yaml(path: Path) -> None:
+    """One line naming the file, line and column for a config that is not valid YAML
+    (jsonargparse's own message names neither the file nor, often, the line)."""
+    try:
+        yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: not valid YAML ({getattr(err, 'problem', None) or err}{where})") from err
+
+
+class VitDenseParser(LightningArgumentParser):
+    """jsonargparse's parser, whose errors (unknown key, wrong type, bad value) are the
+    message alone, not a hundred lines of usage first."""
+
+    def error(self, message: str, ex: Exception | None = None) -> None:
+        print(
+            f"vitdense: error: {message.strip()}\n(options: python -m vitdense {{fit,validate,test,predict}} --help)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+#: settings the data decides, linked into the task: {the task's key: where to set it instead}
+LINKED = {
+    "num_classes": "the data's classes (data.init_args)",
+    "class_names": "the data's classes (data.init_args)",
+}
+
+
 class VitDenseCLI(LightningCLI):
     #: the `--ckpt_path` checkpoint of validate/test/predict (None: none, or one Lightning resolves)
     checkpoint: Checkpoint | None = None
@@ -143,9 +182,38 @@ class VitDenseCLI(LightningCLI):
             if not any(arg == g or arg.startswith(g + "=") for arg in argv for g in given):
                 argv = [argv[0], "--config", self.checkpoint.config(), *argv[1:]]
             args = argv
+        for config in _config_files(argv or []):
+            _check_yaml(config)
+        if argv and any(a.split("=")[0] in ("--data.init_args.backbone", "--data.backbone") for a in argv):
+            raise ConfigError(
+                "data.init_args.backbone: the data normalises as the model's encoder "
+                "(model.init_args.backbone.name, linked) was pretrained; set data.init_args.mean and std instead"
+            )
         super().parse_arguments(parser, args)
+        self._refuse_linked_settings()
         if self.checkpoint is not None:
             self._check_against_checkpoint()
+
+    def _refuse_linked_settings(self) -> None:
+        """A value the user gives for a setting the data decides would be silently replaced
+        by the link: refuse it, naming where it comes from."""
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        model = config.get("model")
+        init = model.get("init_args") if model is not None else None
+        if init is None:
+            return
+        for key, source in LINKED.items():
+            if init.get(key) is not None:
+                raise ConfigError(
+                    f"model.init_args.{key}={init.get(key)!r}: the task takes it from {source}; remove it from "
+                    "the model's settings"
+                )
+        backbone = init.get("backbone")
+        if backbone is not None and backbone.get("img_size") is not None:
+            raise ConfigError(
+                f"model.init_args.backbone.img_size={backbone.get('img_size')}: the encoder's size is "
+                "data.init_args.img_size (linked); set that instead"
+            )
 
     def _check_against_checkpoint(self) -> None:
         """The config's task must be the checkpoint's; what the data decided at training
@@ -185,8 +253,22 @@ def _user_error(err: BaseException) -> BaseException | None:
     return found
 
 
+def user_message(err: BaseException) -> str:
+    """The error's own message, also when a DataLoader worker raised it: torch re-raises it in
+    the main process wrapped in the worker's traceback ("Caught DataError in DataLoader worker
+    process 0. Original Traceback ..."), whose last line is the original `Type: message`."""
+    message = str(err)
+    if "Original Traceback" in message:
+        last = message.rstrip().splitlines()[-1]
+        prefix = f"{type(err).__module__}.{type(err).__qualname__}: "
+        for name in (prefix, f"{type(err).__qualname__}: "):
+            if last.startswith(name):
+                return last[len(name) :]
+    return message
+
+
 def _exit_with(err: BaseException) -> None:
-    print(f"vitdense: error: {err}", file=sys.stderr)
+    print(f"vitdense: error: {user_message(err)}", file=sys.stderr)
     raise SystemExit(2) from err
 
 
@@ -201,6 +283,7 @@ def main(args: list[str] | None = None) -> VitDenseCLI:
             trainer_class=Trainer,
             args=args,
             save_config_kwargs={"overwrite": True},
+            parser_class=VitDenseParser,
         )
     except USER_ERRORS as err:  # e.g. bad data at setup
         _exit_with(err)

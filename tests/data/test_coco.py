@@ -94,7 +94,7 @@ def test_invalid_json_and_missing_files(tmp_path):
         load_coco(path, tmp_path / "val2017")
     with pytest.raises(FileNotFoundError, match="instances_train2017.json"):
         load_coco(tmp_path / "annotations" / "instances_train2017.json", tmp_path / "train2017")
-    with pytest.raises(FileNotFoundError, match="annotations_trainval2017.zip"):
+    with pytest.raises(FileNotFoundError, match="python data_scripts/coco.py --out"):
         COCODataModule(root=str(tmp_path / "nowhere"))
 
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import albumentations as A
 import numpy as np
@@ -26,7 +26,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from vitdense.data.base import ImageDataModule
+from vitdense.data.base import ImageDataModule, require_positive
 from vitdense.data.images import apply_orientation, read_image
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.errors import DataError
@@ -308,11 +308,17 @@ class SegmentationDataModule(ImageDataModule):
         image_suffix: str = ".jpg",
         mask_suffix: str = ".png",
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
-        super().__init__(crop_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
+        super().__init__(
+            crop_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
+        )
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
+        require_positive(
+            scale=scale, ratio_range=ratio_range, cat_max_ratio=cat_max_ratio, eval_short_side=eval_short_side
+        )
         if not self.root.is_dir() and predict_dir is None:  # predicting on a folder needs no dataset
             raise FileNotFoundError(f"{self.root}: no such directory; {self.layout_help}")
         self.class_names = list(class_names)
@@ -430,6 +436,7 @@ class ADE20KDataModule(SegmentationDataModule):
         train_split: str = "training",
         val_split: str = "validation",
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__(
             root,
@@ -450,6 +457,7 @@ class ADE20KDataModule(SegmentationDataModule):
             val_split=val_split,
             test_split=val_split,  # ADE20K's labelled benchmark split: published mIoUs are on validation
             predict_dir=predict_dir,
+            on_bad_sample=on_bad_sample,
         )
         # drop the parent's arguments this signature fixes (class_names, reduce_zero_label, ...),
         # so that ADE20KDataModule(**hparams) rebuilds it from a checkpoint

@@ -3,10 +3,12 @@ and the loader every image batch goes through."""
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import albumentations as A
 import lightning as L
@@ -28,6 +30,8 @@ from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
 Triple = tuple[float, float, float]
+
+_logger = logging.getLogger(__name__)
 
 
 class ResumableDataLoader(DataLoader):
@@ -51,6 +55,60 @@ class ResumableDataLoader(DataLoader):
         if "train_position" in state_dict and isinstance(self.sampler, TrainSampler):
             epoch, batches = state_dict["train_position"]
             self.sampler.resume(epoch, batches * self.batch_size)
+
+
+def require_positive(**settings: int | float | list | tuple | None) -> None:
+    """Raise naming every setting that is not positive (None: unset, allowed; lists and
+    tuples: every entry)."""
+    bad = [
+        f"data.init_args.{name}={value}"
+        for name, value in settings.items()
+        if value is not None and any(v <= 0 for v in (value if isinstance(value, (list, tuple)) else [value]))
+    ]
+    if bad:
+        raise DataError(f"{', '.join(bad)}: must be positive")
+
+
+class SkipBadSamples(Dataset):
+    """`dataset` whose unreadable samples (a `DataError`: corrupt, truncated or empty file,
+    label map that does not fit) become None, each logged with its file, and counted.
+
+    The count lives in shared memory, so the main process reads what every loader worker
+    skipped (`take_count`); `skip_collate` drops the Nones from their batch.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self.skipped = multiprocessing.get_context().Value("i", 0)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped dataset's attributes (paths, transform, ...)
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        try:
+            return self.dataset[key]
+        except DataError as err:
+            _logger.warning("skipped a bad sample (on_bad_sample=skip): %s", err)
+            with self.skipped.get_lock():
+                self.skipped.value += 1
+            return None
+
+    def take_count(self) -> int:
+        """Samples skipped since the last call."""
+        with self.skipped.get_lock():
+            count, self.skipped.value = self.skipped.value, 0
+        return count
+
+
+def skip_collate(samples: list[Any], collate: Callable[[list[Any]], Any]) -> Any:
+    """`collate` of the samples that are not None; None when none is left (the step is skipped)."""
+    kept = [s for s in samples if s is not None]
+    return collate(kept) if kept else None
 
 
 def image_dataloader(
@@ -117,6 +175,10 @@ class ImageDataModule(L.LightningDataModule):
         predict_dir: a folder of unlabelled images (any size and format, searched
             recursively) to predict on instead of the dataset's own split; the dataset
             itself need not be present then (classes come from the checkpoint).
+        on_bad_sample: what an unreadable sample (corrupt, truncated or empty file, a label
+            map that does not fit its image) does: "raise" stops with the file named;
+            "skip" leaves it out of its batch, logs the file, and logs the epoch's total
+            (`{stage}/skipped_samples`).
     """
 
     #: label of unlabelled pixels; label maps are padded with it (segmentation)
@@ -134,18 +196,22 @@ class ImageDataModule(L.LightningDataModule):
         mean: Triple | None,
         std: Triple | None,
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
-        if img_size < 1 or batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
-            raise DataError(
-                f"img_size={img_size}, batch_size={batch_size}, eval_batch_size={eval_batch_size}: must be positive"
-            )
+        if on_bad_sample not in ("raise", "skip"):
+            raise DataError(f"on_bad_sample={on_bad_sample!r}: choose raise or skip")
+        require_positive(img_size=img_size, batch_size=batch_size, eval_batch_size=eval_batch_size)
+        if num_workers < 0:
+            raise DataError(f"data.init_args.num_workers={num_workers}: must be 0 (load in the main process) or more")
         self.img_size = img_size
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.mean, self.std = resolve_normalization(backbone, mean, std)
         self.predict_dir = predict_dir
+        self.on_bad_sample = on_bad_sample
+        self._skipping: dict[str, SkipBadSamples] = {}
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
@@ -189,8 +255,17 @@ class ImageDataModule(L.LightningDataModule):
             check_train_size(dataset, self.batch_size, self.train_location)
         batch_size = self.batch_size if train else self.eval_batch_size
         collate = partial(pad_collate, ignore_index=self.ignore_index)
+        if self.on_bad_sample == "skip":
+            dataset = self._skipping[split] = SkipBadSamples(dataset)
+            collate = partial(skip_collate, collate=collate)
         position = (lambda: resume_position(self.trainer)) if train else None
         return image_dataloader(dataset, batch_size, self.num_workers, train, collate, position)
+
+    def take_skipped(self, stage: str) -> int:
+        """Bad samples skipped in `stage` ("train", "val", "test", "predict") since the last
+        call (0 unless `on_bad_sample="skip"`)."""
+        skipping = self._skipping.get(stage)
+        return skipping.take_count() if skipping is not None else 0
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, "train")

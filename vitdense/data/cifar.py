@@ -116,8 +116,11 @@ class CIFARDataModule(ClassificationDataModule):
         color_jitter: float = 0.0,
         eval_batch_size: int | None = None,
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
+        super().__init__(
+            img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
+        )
         if variant not in _VARIANTS:
             raise DataError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
         if not 0 <= val_fraction < 1:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import albumentations as A
 import numpy as np
@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.ops import box_convert
 
-from vitdense.data.base import ImageDataModule
+from vitdense.data.base import ImageDataModule, require_positive
 from vitdense.data.det_transforms import DETR_SCALES, detection_eval_transforms, detection_train_transforms
 from vitdense.data.images import apply_orientation, read_image
 from vitdense.errors import DataError
@@ -335,9 +335,19 @@ class COCODataModule(ImageDataModule):
         mean: Triple | None = None,
         std: Triple | None = None,
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
         categories: dict[int, str] | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
+        super().__init__(
+            img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
+        )
+        require_positive(
+            scales=scales,
+            max_size=max_size,
+            crop_scales=crop_scales,
+            crop_size=crop_size,
+            eval_short_side=eval_short_side,
+        )
         self.root = Path(root)
         self.splits = {
             "train": (train_images, train_annotations),
@@ -366,8 +376,8 @@ class COCODataModule(ImageDataModule):
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path}: COCO annotations not found; expected layout {LAYOUT} "
-                "(COCO 2017: extract train2017.zip, val2017.zip and annotations_trainval2017.zip from "
-                "https://cocodataset.org into it), or point data.root at your dataset"
+                "(COCO 2017: download, check and extract it with `python data_scripts/coco.py --out "
+                f"{self.root}`), or point data.root at your dataset"
             )
         return read_categories(path)
 

@@ -10,18 +10,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ClassificationDataModule
-from vitdense.data.images import decode_image
+from vitdense.data.images import IMAGE_SUFFIXES, decode_image
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
 _logger = logging.getLogger(__name__)
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LAYOUT = "<root>/<class>/<image>, e.g. train/n01440764/n01440764_10026.JPEG"
 
 
@@ -34,7 +33,10 @@ def find_classes(root: str | Path) -> list[str]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: no such directory; expected the ImageNet layout {LAYOUT}")
+        raise FileNotFoundError(
+            f"{root}: no such directory; expected the ImageNet layout {LAYOUT} (ImageNet-1k: prepare it from "
+            "the official tar files with `python data_scripts/imagenet.py`), or point data.root at your dataset"
+        )
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise DataError(f"{root}: no class folders in it; expected the ImageNet layout {LAYOUT}")
@@ -62,7 +64,7 @@ class ImageFolderDataset(Dataset):
         self,
         root: str | Path,
         transform: Callable[..., dict[str, Any]],
-        extensions: Sequence[str] = IMG_EXTENSIONS,
+        extensions: Sequence[str] = IMAGE_SUFFIXES,
         class_names: list[str] | None = None,
     ) -> None:
         self.root = Path(root)
@@ -153,9 +155,12 @@ class ImageFolderDataModule(ClassificationDataModule):
         predict_split: str | None = None,
         eval_batch_size: int | None = None,
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
         classes: list[str] | None = None,
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir)
+        super().__init__(
+            img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
+        )
         self.root = Path(root)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.predict_split = predict_split or val_split

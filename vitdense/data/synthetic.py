@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Literal
 
 import numpy as np
 import torch
@@ -124,8 +125,11 @@ class SyntheticClassificationDataModule(ImageDataModule):
         backbone: str | None = None,
         eval_batch_size: int | None = None,
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
-        super().__init__(img_size, batch_size, eval_batch_size, num_workers, backbone, None, None, predict_dir)
+        super().__init__(
+            img_size, batch_size, eval_batch_size, num_workers, backbone, None, None, predict_dir, on_bad_sample
+        )
         # the encoder name only picks mean and std (kept as attributes); the task logs it already
         self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES):

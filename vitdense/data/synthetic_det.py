@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from PIL import Image
@@ -142,6 +143,7 @@ class SyntheticDetectionDataModule(COCODataModule):
         mean: Triple | None = None,
         std: Triple | None = None,
         predict_dir: str | None = None,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         if not 1 <= num_classes <= len(SHAPES):
             raise DataError(f"num_classes={num_classes}: the synthetic data has 1 to {len(SHAPES)} shape classes")
@@ -172,6 +174,7 @@ class SyntheticDetectionDataModule(COCODataModule):
             mean=mean,
             std=std,
             predict_dir=predict_dir,
+            on_bad_sample=on_bad_sample,
         )
         self.save_hyperparameters(ignore=["backbone"])
         self.hparams.pop("categories", None)  # fixed by num_classes, not an argument here

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
 import random
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, WarmupSchedu
 from vitdense.types import Losses
 
 Stage = Literal["train", "val", "test", "predict"]
+
+_logger = logging.getLogger(__name__)
 
 #: a head from the backbone's width D and the number of classes K: `head(embed_dim, num_classes)`;
 #: in YAML a `class_path` (+ `init_args` for everything but those two), e.g. vitdense.heads.LinearDecoder
@@ -314,7 +317,9 @@ class BaseTask(L.LightningModule):
             return None
         return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}.get(stage)
 
-    def _shared_step(self, batch: Any, stage: Stage) -> torch.Tensor:
+    def _shared_step(self, batch: Any, stage: Stage) -> torch.Tensor | None:
+        if batch is None:  # every sample of the batch was unreadable and skipped (on_bad_sample=skip)
+            return None
         output = self.forward_batch(batch, stage)
         losses = self.compute_loss(output, batch, stage)
         metrics = self.metrics_of(stage)
@@ -328,8 +333,22 @@ class BaseTask(L.LightningModule):
             self.log(f"{stage}/{name}", value, **log)
         return losses.total
 
+    def _report_skipped(self, stage: Stage) -> None:
+        """Log how many bad samples the DataModule skipped in this epoch of `stage` (with
+        `on_bad_sample: skip`; each was logged with its file when it was skipped)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if getattr(datamodule, "on_bad_sample", "raise") != "skip":
+            return
+        count = datamodule.take_skipped(stage)
+        if count:
+            rank = f" on rank {self.global_rank}" if self.trainer.world_size > 1 else ""
+            _logger.warning("%s: skipped %d bad samples this epoch%s (files named above)", stage, count, rank)
+        if stage != "predict":
+            self.log(f"{stage}/skipped_samples", float(count), reduce_fx="sum", sync_dist=True)
+
     def _end_epoch(self, stage: Stage) -> None:
         """Compute, log and reset a stage's metrics once per epoch."""
+        self._report_skipped(stage)
         metrics = self.metrics_of(stage)
         if metrics is None or not metrics:
             return
@@ -383,6 +402,9 @@ class BaseTask(L.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._end_epoch("test")
+
+    def on_predict_epoch_end(self) -> None:
+        self._report_skipped("predict")
 
     # ------------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict:

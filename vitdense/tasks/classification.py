@@ -103,5 +103,7 @@ class ClassificationTask(BaseTask):
     ) -> None:
         metrics.update(output.logits, batch.label)
 
-    def predict_step(self, batch: LabeledImages, batch_idx: int) -> ClassPrediction:
+    def predict_step(self, batch: LabeledImages | None, batch_idx: int) -> ClassPrediction | None:
+        if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
+            return None
         return top_k_prediction(self.forward_batch(batch, "predict").logits, batch.index)

@@ -165,5 +165,7 @@ class DetectionTask(BaseTask):
             rows.append(f"{self.class_names[int(c)]:<24}{100 * a:8.2f}{100 * r:8.2f}")
         return "\n".join(rows)
 
-    def predict_step(self, batch: DetectedImages, batch_idx: int) -> Detections:
+    def predict_step(self, batch: DetectedImages | None, batch_idx: int) -> Detections | None:
+        if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
+            return None
         return self.detections(self.forward_batch(batch, "predict"), batch)

@@ -145,8 +145,10 @@ class LinearProbeTask(BaseTask):
             f"{stage}/best_lr_index": accs.argmax().float(),
         }
 
-    def predict_step(self, batch: LabeledImages, batch_idx: int) -> ClassPrediction:
+    def predict_step(self, batch: LabeledImages | None, batch_idx: int) -> ClassPrediction | None:
         """Top-k of the head that validated best (the first before any validation)."""
+        if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
+            return None
         return top_k_prediction(self.forward_batch(batch, "predict")[int(self.best_head)], batch.index)
 
     def param_groups(self) -> list[dict]:

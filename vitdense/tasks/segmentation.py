@@ -164,6 +164,8 @@ class SegmentationTask(BaseTask):
             rows.append(f"{name:<24}{100 * iou:8.2f}{100 * acc:8.2f}")
         return "\n".join(rows)
 
-    def predict_step(self, batch: SegmentedImages, batch_idx: int) -> SegmentationPrediction:
+    def predict_step(self, batch: SegmentedImages | None, batch_idx: int) -> SegmentationPrediction | None:
+        if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
+            return None
         logits = self.forward_batch(batch, "predict").logits
         return SegmentationPrediction(batch.index, [x[0].argmax(0) for x in logits])
