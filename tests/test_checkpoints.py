@@ -109,7 +109,7 @@ def test_segmentation_writes_label_maps_at_each_upright_size(trained, tmp_path, 
     writer += [f"--trainer.callbacks.output_dir={out}", "--trainer.callbacks.overlay=true"]
     predict(ckpt, write_photos(tmp_path / "photos"), *writer)
     for name, size in UPRIGHT.items():
-        stem = Path(name).stem
+        stem = Path(name).with_suffix("").as_posix()  # sub-folders mirrored
         labels = np.asarray(Image.open(out / f"{stem}.png"))
         assert labels.shape == size, name  # the original size, turned upright as the photo is shown
         assert labels.max() < 4
@@ -132,7 +132,26 @@ def test_detection_writes_coco_results_with_file_names(trained, tmp_path, monkey
         h, w = UPRIGHT[r["file_name"]]
         x, y, bw, bh = r["bbox"]
         assert -0.5 * w <= x <= w and -0.5 * h <= y <= h and 0 <= bw <= 1.5 * w and 0 <= bh <= 1.5 * h
-    assert len(list((tmp_path / "drawn").glob("*.jpg"))) == len(PHOTOS)
+    drawn = sorted(p.relative_to(tmp_path / "drawn").as_posix() for p in (tmp_path / "drawn").rglob("*.jpg"))
+    assert drawn == sorted(str(Path(n).with_suffix(".jpg")) for n in PHOTOS)
+
+
+def test_predict_without_a_writer_writes_the_tasks_own_output(trained, tmp_path, monkeypatch):
+    """No writer configured: each task writes its natural output under <root>/predictions/;
+    images that would share a name (x.jpg, x.png) keep their suffix in it."""
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    photos = write_photos(tmp_path / "photos")
+    Image.open(photos / "a.jpg").save(photos / "a.png")
+    _, ckpt = trained["det"]
+    main(["predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={photos}", "--trainer.logger=false"])
+    results = json.loads((tmp_path / "predictions" / "detections.json").read_text())
+    assert {"a.jpg", "a.png"} <= {r["file_name"] for r in results}
+    assert {"a_jpg.jpg", "a_png.jpg", "rotated.jpg"} <= {p.name for p in (tmp_path / "predictions" / "drawn").iterdir()}
+    _, ckpt = trained["seg"]
+    main(["predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={photos}", "--trainer.logger=false"])
+    assert (tmp_path / "predictions" / "masks" / "sub" / "deeper.png").is_file()
+    assert (tmp_path / "predictions" / "masks" / "a_png_overlay.jpg").is_file()
 
 
 def test_a_checkpoint_of_pretrained_weights_restores_offline(trained, tmp_path, monkeypatch):

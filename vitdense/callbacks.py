@@ -92,6 +92,16 @@ def default_palette(num_classes: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (num_classes, 3), dtype=np.uint8)
 
 
+def output_name(dataset: Any, index: int) -> str:
+    """The name (without suffix, maybe with sub-folders) of what is written for sample
+    `index`: a folder's own relative names (`ImageFiles.output_names`), else the image's
+    stem, else the index."""
+    if getattr(dataset, "output_names", None) is not None:
+        return dataset.output_names[index]
+    path = sample_path(dataset, index)
+    return path.stem if path is not None else f"{index:06d}"
+
+
 def sample_path(dataset: Any, index: int) -> Path | None:
     """The image file behind sample `index`, when the dataset says (`image_paths` or `samples`)."""
     if getattr(dataset, "image_paths", None) is not None:
@@ -140,7 +150,8 @@ class SegmentationPredictionWriter(BasePredictionWriter):
         dataset = predicted_dataset(trainer, dataloader_idx)
         for index, labels in zip(prediction.index.tolist(), prediction.labels, strict=True):
             path = sample_path(dataset, index)
-            stem = path.stem if path is not None else f"{index:06d}"
+            stem = output_name(dataset, index)
+            (self.output_dir / stem).parent.mkdir(parents=True, exist_ok=True)
             labels = labels.cpu().numpy()
             # the dataset's own label values: with reduce_zero_label (ADE20K) class k is k + 1 on disk
             stored = labels + 1 if getattr(trainer.datamodule, "reduce_zero_label", False) else labels
@@ -227,7 +238,9 @@ class COCOResultsWriter(BasePredictionWriter):
                 colour = tuple(int(c) for c in default_palette(max(label + 1, 1))[label])
                 draw.rectangle(box, outline=colour, width=2)
                 draw.text((box[0] + 2, box[1] + 1), f"{names[label] if names else label} {score:.2f}", fill=colour)
-            image.save(self.draw_dir / f"{path.stem}.jpg")
+            out = self.draw_dir / f"{output_name(dataset, index)}.jpg"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            image.save(out)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = rank_path(self.output_file, trainer)

@@ -152,6 +152,14 @@ class ImageFiles(Dataset):
         self.root = Path(root)
         self.image_paths = find_images(self.root)
         self.to_sample = to_sample
+        # outputs mirror the folder: sub/x.jpg -> sub/x.png; the suffix stays in the name where
+        # two images would share one (x.jpg and x.png), so that no prediction overwrites another
+        stems = [p.relative_to(self.root).with_suffix("") for p in self.image_paths]
+        repeated = {s for s in stems if stems.count(s) > 1}
+        self.output_names = [
+            s.as_posix() if s not in repeated else f"{s.as_posix()}_{p.suffix.lstrip('.').lower()}"
+            for s, p in zip(stems, self.image_paths, strict=True)
+        ]
 
     def __len__(self) -> int:
         return len(self.image_paths)

@@ -26,11 +26,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
@@ -405,6 +407,27 @@ class BaseTask(L.LightningModule):
 
     def on_predict_epoch_end(self) -> None:
         self._report_skipped("predict")
+
+    # ------------------------------------------------------------------ predictions to files
+    def prediction_writer(self, output_dir: Path) -> BasePredictionWriter | None:
+        """What `predict` writes under `output_dir` when no prediction writer is configured
+        (the task's natural output; None: nothing)."""
+        return None
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """`predict` without a writer of the user's writes the task's own
+        (`prediction_writer`) under `<default_root_dir>/predictions/`, and says where."""
+        trainer = self._trainer
+        if trainer is None or not trainer.predicting:
+            return []
+        if any(isinstance(c, BasePredictionWriter) for c in trainer.callbacks):
+            return []
+        output_dir = Path(trainer.default_root_dir) / "predictions"
+        writer = self.prediction_writer(output_dir)
+        if writer is None:
+            return []
+        rank_zero_info(f"predictions go to {output_dir}/ (add a writer callback to choose)")
+        return [writer]
 
     # ------------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
@@ -13,6 +14,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitdense.callbacks import TopKPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
@@ -102,6 +104,9 @@ class ClassificationTask(BaseTask):
         self, metrics: MetricCollection, output: ClassificationOutput, batch: LabeledImages, stage: Stage
     ) -> None:
         metrics.update(output.logits, batch.label)
+
+    def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
+        return TopKPredictionWriter(str(output_dir / "classes.csv"))
 
     def predict_step(self, batch: LabeledImages | None, batch_idx: int) -> ClassPrediction | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)

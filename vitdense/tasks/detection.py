@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
+from vitdense.callbacks import COCOResultsWriter
 from vitdense.errors import ConfigError
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
@@ -164,6 +166,9 @@ class DetectionTask(BaseTask):
         for c, a, r in zip(classes, ap, ar, strict=True):
             rows.append(f"{self.class_names[int(c)]:<24}{100 * a:8.2f}{100 * r:8.2f}")
         return "\n".join(rows)
+
+    def prediction_writer(self, output_dir: Path) -> COCOResultsWriter:
+        return COCOResultsWriter(str(output_dir / "detections.json"), draw_dir=str(output_dir / "drawn"))
 
     def predict_step(self, batch: DetectedImages | None, batch_idx: int) -> Detections | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)

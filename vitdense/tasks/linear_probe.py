@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -11,6 +12,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitdense.callbacks import TopKPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads import LinearProbeHead, probe_features
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
@@ -144,6 +146,9 @@ class LinearProbeTask(BaseTask):
             f"{stage}/acc1": accs.max(),
             f"{stage}/best_lr_index": accs.argmax().float(),
         }
+
+    def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
+        return TopKPredictionWriter(str(output_dir / "classes.csv"))
 
     def predict_step(self, batch: LabeledImages | None, batch_idx: int) -> ClassPrediction | None:
         """Top-k of the head that validated best (the first before any validation)."""

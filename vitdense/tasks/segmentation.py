@@ -9,6 +9,7 @@ figures are those of mmseg/Segmenter's evaluation.
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torchmetrics import MetricCollection
 
+from vitdense.callbacks import SegmentationPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads.segmenter import MaskTransformerDecoder
 from vitdense.inference import segment_image
@@ -163,6 +165,9 @@ class SegmentationTask(BaseTask):
         for name, iou, acc in zip(self.class_names, ious, accs, strict=True):
             rows.append(f"{name:<24}{100 * iou:8.2f}{100 * acc:8.2f}")
         return "\n".join(rows)
+
+    def prediction_writer(self, output_dir: Path) -> SegmentationPredictionWriter:
+        return SegmentationPredictionWriter(str(output_dir / "masks"), overlay=True)
 
     def predict_step(self, batch: SegmentedImages | None, batch_idx: int) -> SegmentationPrediction | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
