@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +13,18 @@ from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from vitdense.precision import resolve_precision
+
+
+def _noting_checkpoint(method: Callable) -> Callable:
+    """Lightning's `method` (fit, validate, test, predict; same signature) that first notes
+    whether it will restore a checkpoint."""
+
+    @functools.wraps(method)
+    def run(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        self._note_checkpoint(method, args, kwargs)
+        return method(self, *args, **kwargs)
+
+    return run
 
 
 class Trainer(L.Trainer):
@@ -39,29 +53,17 @@ class Trainer(L.Trainer):
             rank_zero_warn(resolved.warning)
         super().__init__(precision=resolved.precision, **kwargs)
 
-    def _note_checkpoint(self, method: str, args: tuple, kwargs: dict[str, Any]) -> None:
-        bound = inspect.signature(getattr(L.Trainer, method)).bind(self, *args, **kwargs)
-        ckpt_path = bound.arguments.get("ckpt_path")
+    def _note_checkpoint(self, method: Callable, args: tuple, kwargs: dict[str, Any]) -> None:
+        ckpt_path = inspect.signature(method).bind(self, *args, **kwargs).arguments.get("ckpt_path")
         if ckpt_path == "last":  # found only if a checkpoint callback has written one (else: from scratch)
             found = [p for p in map(_last_checkpoint, self.checkpoint_callbacks) if p is not None and p.is_file()]
             ckpt_path = found[0] if found else None
         self.weights_from_checkpoint = ckpt_path is not None
 
-    def fit(self, *args: Any, **kwargs: Any) -> None:
-        self._note_checkpoint("fit", args, kwargs)
-        return super().fit(*args, **kwargs)
-
-    def validate(self, *args: Any, **kwargs: Any) -> Any:
-        self._note_checkpoint("validate", args, kwargs)
-        return super().validate(*args, **kwargs)
-
-    def test(self, *args: Any, **kwargs: Any) -> Any:
-        self._note_checkpoint("test", args, kwargs)
-        return super().test(*args, **kwargs)
-
-    def predict(self, *args: Any, **kwargs: Any) -> Any:
-        self._note_checkpoint("predict", args, kwargs)
-        return super().predict(*args, **kwargs)
+    fit = _noting_checkpoint(L.Trainer.fit)
+    validate = _noting_checkpoint(L.Trainer.validate)
+    test = _noting_checkpoint(L.Trainer.test)
+    predict = _noting_checkpoint(L.Trainer.predict)
 
 
 def _last_checkpoint(callback: Any) -> Path | None:
