@@ -4,7 +4,6 @@ that does not fit is one clear line."""
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +15,6 @@ import vitdense.tasks  # noqa: F401  (the types checkpoints hold, for weights_on
 from vitdense.cli import main
 
 CONFIGS = Path(__file__).parents[1] / "configs"
-#: each demo shrunk to seconds: (config, data overrides)
-DEMOS = {
-    "cls": ("demo_cls.yaml", ["--data.init_args.train_size=8", "--data.init_args.val_size=4"]),
-    "seg": ("demo_seg.yaml", ["--data.init_args.img_size=32", "--data.init_args.train_size=8"]),
-    "det": ("demo_det.yaml", ["--data.init_args.img_size=32", "--data.init_args.train_size=8"]),
-}
 #: stored (H, W) of each photo; the EXIF-rotated one is upright as (60, 40)
 PHOTOS = {
     "a.jpg": (50, 70),
@@ -63,24 +56,6 @@ def write_photos(root: Path) -> Path:
 def offline_env(monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("NO_ALBUMENTATIONS_UPDATE", "1")
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """Each demo fitted for one step; {task: (its folder, its last.ckpt)}."""
-    out = {}
-    cwd = os.getcwd()
-    try:
-        for task, (config, overrides) in DEMOS.items():
-            folder = tmp_path_factory.mktemp(task)
-            os.chdir(folder)
-            args = ["fit", "--config", str(CONFIGS / config), *overrides, "--data.init_args.batch_size=4"]
-            args += ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]
-            main(args)
-            out[task] = folder, folder / "runs" / config.removesuffix(".yaml") / "checkpoints" / "last.ckpt"
-    finally:
-        os.chdir(cwd)
-    return out
 
 
 def predict(ckpt: Path, photos: Path, *writer: str) -> None:

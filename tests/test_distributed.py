@@ -108,7 +108,9 @@ def test_one_ddp_step_equals_one_step_on_the_global_batch():
     multi = one_step(2, 4)  # rank 0 takes its even positions, rank 1 its odd ones: the same 8
     assert any(not torch.equal(before[k], single[k]) for k in before)  # the step did change weights
     diff = max((single[k] - multi[k]).abs().max().item() for k in single)
-    assert diff <= 1e-6, diff
+    # the same sums in another order (per-rank partial sums, then the all-reduce): 1.9e-6 measured on an
+    # AVX2 CPU, 0 on AVX512 ones; gradients not averaged, or other samples, move weights by ~1e-2
+    assert diff <= 1e-5, diff
 
 
 def test_linear_probe_cache_is_correct_when_samples_move_between_ranks():

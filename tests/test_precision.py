@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import vitdense.precision as precision
-from vitdense.precision import Bf16Support, resolve_precision
+from vitdense.precision import Bf16Support, cpu_flags, resolve_precision
 from vitdense.trainer import Trainer
 
 NATIVE = Bf16Support(True, "this CPU computes bf16 natively: a bf16 matmul ran 2.0x faster than fp32")
@@ -73,4 +73,8 @@ def test_hidden_bf16_hardware_is_measured_as_emulated():
     code = "from vitdense.precision import cpu_bf16_support as s; r = s(); print(r.native); print(r.reason)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     native, reason = out.stdout.strip().splitlines()
-    assert native == "False" and "slower than fp32" in reason
+    assert native == "False"
+    if (cpu_flags() or set()) & {"avx512_bf16", "amx_bf16"}:  # bf16 hardware, hidden: found by timing
+        assert "slower than fp32" in reason
+    else:  # none to hide: the flags decide before any timing
+        assert "among its flags" in reason

@@ -11,7 +11,9 @@ from typing import Any
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
-from PIL import Image, ImageDraw
+from PIL import Image
+
+from vitdense.viz.draw import blend, draw_boxes, palette_of
 
 _logger = logging.getLogger(__name__)
 
@@ -87,11 +89,6 @@ def predicted_dataset(trainer: L.Trainer, dataloader_idx: int) -> Any:
     return (loaders[dataloader_idx] if isinstance(loaders, list) else loaders).dataset
 
 
-def default_palette(num_classes: int, seed: int = 0) -> np.ndarray:
-    """[K, 3] uint8 colours: random but fixed, for datasets that ship no palette."""
-    return np.random.default_rng(seed).integers(0, 256, (num_classes, 3), dtype=np.uint8)
-
-
 def output_name(dataset: Any, index: int) -> str:
     """The name (without suffix, maybe with sub-folders) of what is written for sample
     `index`: a folder's own relative names (`ImageFiles.output_names`), else the image's
@@ -145,8 +142,7 @@ class SegmentationPredictionWriter(BasePredictionWriter):
         if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        palette = getattr(trainer.datamodule, "palette", None)
-        palette = np.asarray(palette, dtype=np.uint8) if palette is not None else default_palette(pl_module.num_classes)
+        palette = palette_of(trainer.datamodule, pl_module.num_classes)
         dataset = predicted_dataset(trainer, dataloader_idx)
         for index, labels in zip(prediction.index.tolist(), prediction.labels, strict=True):
             path = sample_path(dataset, index)
@@ -168,10 +164,8 @@ class SegmentationPredictionWriter(BasePredictionWriter):
                     continue
                 from vitdense.data.images import decode_image  # (lazily: vitdense.data imports albumentations)
 
-                upright = Image.fromarray(decode_image(path)).resize(labels.shape[::-1])
-                image = np.asarray(upright, dtype=np.float32)
-                blend = (1 - self.alpha) * image + self.alpha * palette[labels].astype(np.float32)
-                Image.fromarray(blend.round().astype(np.uint8)).save(self.output_dir / f"{stem}_overlay.jpg")
+                overlay = blend(decode_image(path), labels, palette, self.alpha)  # upright, at the labels' size
+                Image.fromarray(overlay).save(self.output_dir / f"{stem}_overlay.jpg")
 
 
 class COCOResultsWriter(BasePredictionWriter):
@@ -225,22 +219,18 @@ class COCOResultsWriter(BasePredictionWriter):
             return
         self.draw_dir.mkdir(parents=True, exist_ok=True)
         names = getattr(pl_module, "class_names", None)
+        palette = palette_of(trainer.datamodule, pl_module.num_classes)
         for index, boxes, scores, labels in zip(
             prediction.index.tolist(), prediction.boxes, prediction.scores, prediction.labels, strict=True
         ):
-            path = Path(dataset.image_paths[index])
             keep = scores >= self.score_threshold
-            image = Image.fromarray(decode_image(path))  # what the model saw: upright, 8-bit RGB
-            draw = ImageDraw.Draw(image)
-            for box, score, label in zip(
-                boxes[keep].tolist(), scores[keep].tolist(), labels[keep].tolist(), strict=True
-            ):
-                colour = tuple(int(c) for c in default_palette(max(label + 1, 1))[label])
-                draw.rectangle(box, outline=colour, width=2)
-                draw.text((box[0] + 2, box[1] + 1), f"{names[label] if names else label} {score:.2f}", fill=colour)
+            image = decode_image(Path(dataset.image_paths[index]))  # what the model saw: upright, 8-bit RGB
+            drawn = draw_boxes(
+                image, boxes[keep].cpu().numpy(), labels[keep].tolist(), names, palette, scores[keep].tolist()
+            )
             out = self.draw_dir / f"{output_name(dataset, index)}.jpg"
             out.parent.mkdir(parents=True, exist_ok=True)
-            image.save(out)
+            Image.fromarray(drawn).save(out)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         path = rank_path(self.output_file, trainer)

@@ -148,6 +148,7 @@ def test_coco_results_writer(coco_val, tmp_path):
     class Trainer:  # what the writer reads from Lightning's trainer
         world_size, global_rank = 1, 0
         predict_dataloaders = torch.utils.data.DataLoader(dataset)
+        datamodule = None
 
     writer.on_predict_start(Trainer, model)
     batch = pad_collate([dataset[i] for i in range(3)])

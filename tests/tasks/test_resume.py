@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import vitdense.tasks  # noqa: F401  (registers the types checkpoints hold for weights_only loading)
 
@@ -106,10 +107,10 @@ def test_sigkill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert f"Restoring states from the checkpoint path at {ckpt_dir / 'last.ckpt'}" in err
     assert "not resumable" not in err  # Lightning's warning for loaders that restart their epoch
     # the resumed run logged its first step after the checkpoint's, not from zero, and finished
-    metrics = (tmp_path / "killed" / "lightning_logs" / "version_1" / "metrics.csv").read_text().splitlines()
-    header = metrics[0].split(",")
-    steps = [int(row.split(",")[header.index("step")]) for row in metrics[1:]]
-    assert min(steps) >= killed_after
+    logged = EventAccumulator(str(tmp_path / "killed" / "lightning_logs" / "version_1"))  # TensorBoard's
+    logged.Reload()
+    steps = [event.step for event in logged.Scalars("train/loss_step")]
+    assert steps and min(steps) >= killed_after
     final = load(ckpt_dir / "last.ckpt")
     assert final["global_step"] == 3 * STEPS_PER_EPOCH
 

@@ -9,6 +9,7 @@ the stage ("train", "val", "test", "predict") rather than reading it off the tra
     update_metrics(metrics, output, batch, stage)
     summarize(result, stage)                     -> {name: scalar} logged once per epoch
     format_table(result, stage)                  -> optional text table for the log
+    draw_batch(batch, pixels, palette)           -> pictures of predictions beside the truth
 
 Everything else — building the backbone from a timm name or a file, freezing, parameter
 groups, the optimizer and its schedule (per step or per epoch, lengths from the trainer),
@@ -32,7 +33,7 @@ from typing import Any, ClassVar, Literal
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
@@ -270,6 +271,20 @@ class BaseTask(L.LightningModule):
         """A text table of the epoch's results for the log (val and test), or None."""
         return None
 
+    def draw_batch(self, batch: Any, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
+        """Pictures of the model's predictions on a validation batch beside its ground truth,
+        for the logger (`vitdense.viz.callbacks.ValidationImages`); called under `no_grad`
+        in evaluation mode.
+
+        Args:
+            batch: a collated validation batch, on the model's device.
+            pixels: its images un-normalised, [h, w, 3] uint8 each at its own size.
+            palette: [K, 3] uint8 class colours (the DataModule's, or fixed random ones).
+
+        Returns [H, W, 3] uint8 pictures (none by default).
+        """
+        return []
+
     def forward(
         self,
         images: torch.Tensor,
@@ -415,9 +430,17 @@ class BaseTask(L.LightningModule):
         return None
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """`predict` without a writer of the user's writes the task's own
-        (`prediction_writer`) under `<default_root_dir>/predictions/`, and says where."""
+        """`fit` with a logger also logs pictures of validation predictions
+        (`ValidationImages`), the learning rates (`LearningRateMonitor`) and the throughput
+        (`ImagesPerSecond`), each unless the trainer already has a callback of that kind.
+        `predict` without a writer of the user's writes the task's own (`prediction_writer`)
+        under `<default_root_dir>/predictions/`, and says where."""
         trainer = self._trainer
+        if trainer is not None and trainer.training and trainer.loggers:
+            from vitdense.viz.callbacks import ImagesPerSecond, ValidationImages
+
+            defaults = (ValidationImages(), LearningRateMonitor(logging_interval="step"), ImagesPerSecond())
+            return [c for c in defaults if not any(isinstance(t, type(c)) for t in trainer.callbacks)]
         if trainer is None or not trainer.predicting:
             return []
         if any(isinstance(c, BasePredictionWriter) for c in trainer.callbacks):

@@ -6,6 +6,7 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -20,6 +21,7 @@ from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages, Losses
+from vitdense.viz.samples import draw_classified
 
 #: the paper's head: zero-initialised linear layer on the class token
 DEFAULT_CLASSIFICATION_HEAD = partial(ClassificationHead, pool="token")
@@ -107,6 +109,11 @@ class ClassificationTask(BaseTask):
 
     def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
         return TopKPredictionWriter(str(output_dir / "classes.csv"))
+
+    def draw_batch(self, batch: LabeledImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
+        """One grid: each image with its true and predicted class (green if right, red if not)."""
+        probs = self.forward_batch(batch, "val").logits.softmax(-1)
+        return [draw_classified(pixels, batch.label.tolist(), probs, self.class_names)]
 
     def predict_step(self, batch: LabeledImages | None, batch_idx: int) -> ClassPrediction | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
@@ -27,6 +28,8 @@ from vitdense.metrics import DetectionMeanAP
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses
+from vitdense.viz.draw import resize
+from vitdense.viz.samples import draw_detected
 
 #: the loss from the number of classes K: `criterion(num_classes)`; in YAML a class_path
 #: (+ init_args, e.g. eos_coef, a matcher), default `SetCriterion` with DETR's settings
@@ -169,6 +172,33 @@ class DetectionTask(BaseTask):
 
     def prediction_writer(self, output_dir: Path) -> COCOResultsWriter:
         return COCOResultsWriter(str(output_dir / "detections.json"), draw_dir=str(output_dir / "drawn"))
+
+    def draw_batch(self, batch: DetectedImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
+        """Per image: its ground-truth boxes beside the predicted ones (with class names and
+        scores), at the image's original size."""
+        found = self.detections(self.forward_batch(batch, "val"), batch)
+        pictures = []
+        for i, (image, size) in enumerate(zip(pixels, batch.orig_sizes, strict=True)):
+            truth = batch.eval_targets[i] if batch.eval_targets is not None else None
+            if truth is not None:  # the original annotations, crowds included
+                truth_boxes, truth_labels = truth.boxes, truth.labels
+            else:  # training targets: (cx, cy, w, h) in [0, 1] of the image
+                scale = torch.tensor([size[1], size[0], size[1], size[0]], device=batch.targets[i].boxes.device)
+                truth_boxes = box_convert(batch.targets[i].boxes, "cxcywh", "xyxy") * scale
+                truth_labels = batch.targets[i].labels
+            pictures.append(
+                draw_detected(
+                    resize(image, size),
+                    truth_boxes.float().cpu().numpy(),
+                    truth_labels.tolist(),
+                    found.boxes[i].float().cpu().numpy(),
+                    found.scores[i].tolist(),
+                    found.labels[i].tolist(),
+                    palette,
+                    self.class_names,
+                )
+            )
+        return pictures
 
     def predict_step(self, batch: DetectedImages | None, batch_idx: int) -> Detections | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)

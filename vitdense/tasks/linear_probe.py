@@ -6,6 +6,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -19,6 +20,7 @@ from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.classification import top_k_prediction
 from vitdense.types import ClassPrediction, LabeledImages, Losses
+from vitdense.viz.samples import draw_classified
 
 #: MAE's probe: BatchNorm without affine, then a linear layer
 DEFAULT_PROBE_HEAD = partial(LinearProbeHead, batch_norm=True)
@@ -149,6 +151,11 @@ class LinearProbeTask(BaseTask):
 
     def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
         return TopKPredictionWriter(str(output_dir / "classes.csv"))
+
+    def draw_batch(self, batch: LabeledImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
+        """One grid: each image with its true class and the best head's prediction."""
+        probs = self.forward_batch(batch, "val")[int(self.best_head)].softmax(-1)
+        return [draw_classified(pixels, batch.label.tolist(), probs, self.class_names)]
 
     def predict_step(self, batch: LabeledImages | None, batch_idx: int) -> ClassPrediction | None:
         """Top-k of the head that validated best (the first before any validation)."""

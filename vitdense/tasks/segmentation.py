@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -25,6 +26,7 @@ from vitdense.metrics import SegmentationMetrics
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
+from vitdense.viz.samples import draw_segmented
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
 DEFAULT_SEGMENTATION_HEAD = partial(MaskTransformerDecoder, depth=2, drop_rate=0.1, drop_path_rate=0.0)
@@ -168,6 +170,22 @@ class SegmentationTask(BaseTask):
 
     def prediction_writer(self, output_dir: Path) -> SegmentationPredictionWriter:
         return SegmentationPredictionWriter(str(output_dir / "masks"), overlay=True)
+
+    def draw_batch(self, batch: SegmentedImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
+        """Per image: the image, its ground truth and the prediction (validation's sliding
+        windows) as overlays, with a legend of the classes shown."""
+        output = self.forward_batch(batch, "val")
+        return [
+            draw_segmented(
+                image,
+                target[0].cpu().numpy(),
+                logits[0].argmax(0).cpu().numpy(),
+                palette,
+                self.class_names,
+                self.ignore_index,
+            )
+            for image, logits, target in zip(pixels, output.logits, output.targets, strict=True)
+        ]
 
     def predict_step(self, batch: SegmentedImages | None, batch_idx: int) -> SegmentationPrediction | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
