@@ -94,6 +94,8 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
         "--trainer.accelerator=cpu",
         "--trainer.devices=1",
         "--trainer.strategy=auto",
+        # the GPU recipes' bf16-mixed is emulated, ~100x slower, on CPUs without bf16 (AVX2 only)
+        "--trainer.precision=auto",
         "--trainer.max_steps=2",
         "--trainer.limit_train_batches=2",
         "--trainer.limit_val_batches=1",
@@ -116,6 +118,7 @@ def test_ade20k_recipe_tests_on_validation_with_test_windows(tmp_path, monkeypat
     cfg = yaml.safe_load(config.read_text())
     args = ["test", "--config", str(config), *fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch)]
     args += ["--model.init_args.backbone.pretrained=false", "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    args += ["--trainer.precision=auto"]  # (not the emulated bf16 of CPUs without it)
     args += ["--trainer.enable_progress_bar=false"]
     cli = main(args)
     assert cli.model.test_stride == 60  # window 64 (the crop) x 15/16, Segmenter's 512/480
@@ -132,6 +135,7 @@ def test_coco_recipe_tests_and_predicts_on_the_coco_layout(tmp_path, monkeypatch
     cfg = yaml.safe_load(config.read_text())
     args = [*fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch), "--data.init_args.img_size=64"]
     args += ["--model.init_args.backbone.pretrained=false", "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    args += ["--trainer.precision=auto"]  # (not the emulated bf16 of CPUs without it)
     args += [
         "--trainer.strategy=auto",
         "--trainer.enable_progress_bar=false",
