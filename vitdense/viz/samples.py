@@ -1,0 +1,110 @@
+"""Pictures of a task's predictions beside the ground truth, as training logs them each
+validation epoch (`vitdense.viz.callbacks.ValidationImages`): one function per task, each
+returning [H, W, 3] uint8 arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from vitdense.viz.draw import GREEN, RED, blend, caption, display_size, draw_boxes, hstack, legend, resize, tile, vstack
+
+
+def draw_classified(
+    pixels: Sequence[np.ndarray],
+    labels: Sequence[int],
+    probs: torch.Tensor,
+    class_names: Sequence[str],
+    columns: int = 4,
+    side: int = 192,
+) -> np.ndarray:
+    """A grid of the images, each captioned with its true class and the predicted one with
+    its probability: green where the prediction is right, red where it is wrong.
+
+    pixels: B images [h, w, 3] uint8; labels: B true classes; probs: [B, K] softmax.
+    """
+    confidence, predicted = probs.float().max(-1)
+    cells = []
+    for image, label, pred, p in zip(pixels, labels, predicted.tolist(), confidence.tolist(), strict=True):
+        colour = GREEN if pred == label else RED
+        cells.append(
+            caption(
+                resize(image, (side, side)),
+                [(f"true: {class_names[label]}", (0, 0, 0)), (f"pred: {class_names[pred]} {p:.2f}", colour)],
+            )
+        )
+    return tile(cells, columns)
+
+
+def draw_segmented(
+    image: np.ndarray,
+    truth: np.ndarray,
+    predicted: np.ndarray,
+    palette: np.ndarray,
+    class_names: Sequence[str],
+    ignore_index: int = 255,
+) -> np.ndarray:
+    """Image | ground truth overlay | prediction overlay, with a legend of the classes in
+    either (unlabelled pixels of the ground truth are left untinted).
+
+    image [h, w, 3] uint8 (resized to the label maps' size); truth, predicted [H, W] int.
+    """
+    size = display_size(truth.shape[:2])
+    image = resize(image, size)
+    truth = np.asarray(_nearest(truth, size))
+    predicted = np.asarray(_nearest(predicted, size))
+    panels = [image, blend(image, truth, palette, ignore_index=ignore_index), blend(image, predicted, palette)]
+    row = hstack(
+        [caption(p, [(t, (0, 0, 0))]) for p, t in zip(panels, ("image", "ground truth", "prediction"), strict=True)]
+    )
+    present = sorted({int(c) for c in np.unique(np.concatenate([truth.ravel(), predicted.ravel()]))} - {ignore_index})
+    entries = [(class_names[c], palette[c]) for c in present if 0 <= c < len(class_names)]
+    return vstack([row, legend(entries, row.shape[1])])
+
+
+def draw_detected(
+    image: np.ndarray,
+    truth_boxes: np.ndarray,
+    truth_labels: Sequence[int],
+    boxes: np.ndarray,
+    scores: Sequence[float],
+    labels: Sequence[int],
+    palette: np.ndarray,
+    class_names: Sequence[str],
+    score_threshold: float = 0.3,
+) -> np.ndarray:
+    """Ground-truth boxes | predicted boxes with class names and scores (those of at least
+    `score_threshold`), over the image at the boxes' size.
+
+    image [h, w, 3] uint8 resized to the boxes' image; boxes [n, 4] absolute x1, y1, x2, y2.
+    """
+    size = display_size(image.shape[:2])
+    scale = size[0] / image.shape[0]
+    shown = resize(image, size)
+    keep = [i for i, s in enumerate(scores) if s >= score_threshold]
+    truth = draw_boxes(shown, np.asarray(truth_boxes) * scale, list(truth_labels), class_names, palette)
+    predicted = draw_boxes(
+        shown,
+        np.asarray(boxes)[keep] * scale,
+        [labels[i] for i in keep],
+        class_names,
+        palette,
+        scores=[scores[i] for i in keep],
+    )
+    return hstack(
+        [
+            caption(truth, [(f"ground truth ({len(truth_labels)})", (0, 0, 0))]),
+            caption(predicted, [(f"prediction (score >= {score_threshold}: {len(keep)})", (0, 0, 0))]),
+        ]
+    )
+
+
+def _nearest(labels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """A label map resized by nearest neighbour (class values kept)."""
+    if labels.shape[:2] == tuple(size):
+        return labels
+    rows = (np.arange(size[0]) * labels.shape[0] / size[0]).astype(int)
+    cols = (np.arange(size[1]) * labels.shape[1] / size[1]).astype(int)
+    return labels[rows[:, None], cols[None, :]]
