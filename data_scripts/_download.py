@@ -462,7 +462,7 @@ def prepare(
     out: Path,
     archives: Sequence[Archive],
     obtain: Callable[[Archive], Path],
-    unpack: Callable[[Archive, Path], None],
+    unpack: Callable[[Archive, Path], object],
     check: Callable[[Sequence[Archive]], list[str]],
     counts: dict[str, int],
     force: bool = False,
@@ -513,7 +513,7 @@ def archives_epilog(archives: Iterable[Archive], note: str = "") -> str:
     """--help's list of archives: name, size, MD5, licence and the URL of the terms."""
     lines = ["archives (sizes approximate):"]
     for a in archives:
-        lines += [f"  {a.name:34s} ~{human_size(a.size)}   md5 {a.md5}", f"      licence: {a.licence}"]
+        lines += [f"  {a.name:32s} ~{human_size(a.size):11s} md5 {a.md5}", f"      licence: {a.licence}"]
         lines += [f"      terms:   {a.terms}"]
     return "\n".join(lines) + ("\n\n" + note if note else "")
 
@@ -549,3 +549,26 @@ def make_parser(
         )
         parser.add_argument("--base-url", default=base_url, help=f"mirror to download from (default: {base_url})")
     return parser
+
+
+def prepare_download(
+    dataset: str,
+    args: argparse.Namespace,
+    archives: Sequence[Archive],
+    check: Callable[[Sequence[Archive]], list[str]],
+    counts: dict[str, int],
+) -> int:
+    """`prepare` for datasets downloaded from `args.base_url` into `args.archives` (default `args.out`) and
+    extracted into `args.out`, with the options of make_parser."""
+    folder = args.archives or args.out
+    return prepare(
+        dataset,
+        args.out,
+        archives,
+        obtain=lambda a: download(a.url(args.base_url), folder / a.name, a.md5, a.size),
+        unpack=lambda a, path: extract(path, args.out),
+        check=check,
+        counts=counts,
+        force=args.force,
+        delete_archives=not args.keep_archives,
+    )
