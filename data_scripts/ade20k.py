@@ -5,90 +5,47 @@
     python data_scripts/ade20k.py --out /datasets/ade   # elsewhere
     python data_scripts/ade20k.py --verify data/ade/ADEChallengeData2016 [--deep]
 
-The archive (roughly 1 GB) comes from MIT's server. MIT publishes no checksum; the MD5 and
-SHA-1 below are the ones torchvision-style ADE20K loaders, GluonCV's and Segmenter's
-preparation scripts check against. The SHA-256 is printed for your records.
+The archive (~923 MiB) comes from MIT's server; the download resumes where it stopped (run
+the command again). MIT publishes no checksum; the MD5 below is the one torchvision-style
+ADE20K loaders, GluonCV's and Segmenter's preparation scripts check against (a file that
+fails is kept aside as ADEChallengeData2016.zip.bad). The archive is extracted only if no
+member would land outside --out; then images and annotations are counted and paired, one
+image per split decoded, and <out>/.data_scripts.json records the result, so that running
+the command again does nothing.
 
-The extracted layout, which vitdense's ADE20KDataModule reads:
+The extracted layout, which vitdense's ADE20KDataModule reads (data.root =
+<out>/ADEChallengeData2016):
 
     ADEChallengeData2016/images/{training,validation}/ADE_*.jpg
     ADEChallengeData2016/annotations/{training,validation}/ADE_*.png   (0 = other, 1..150 = classes)
 
-Standalone: standard library, plus numpy and Pillow for `--deep`.
+Standalone: standard library, plus Pillow (and numpy for `--deep`).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import sys
-import time
-import urllib.request
-import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
-URL = "http://data.csail.mit.edu/places/ADEchallenge/ADEChallengeData2016.zip"
-MD5 = "7328b3957e407ddae1d3cbf487f149ef"
-SHA1 = "219e1696abb36c8ba3a3afe7fb2f4b4606a897c7"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _download.py lives next to this script
+
+from _download import Archive, check_decodes, make_parser, prepare_download, report, run  # noqa: E402
+
+BASE_URL = "http://data.csail.mit.edu/places/ADEchallenge"
+#: the official archive; tests replace it (md5) for their tiny archive
+ARCHIVE = Archive(
+    "ADEChallengeData2016.zip",
+    "ADEChallengeData2016.zip",
+    "7328b3957e407ddae1d3cbf487f149ef",
+    967_382_037,
+    "MIT CSAIL's ADE20K terms: research and educational use; the images remain their owners'",
+    "https://groups.csail.mit.edu/vision/datasets/ADE20K/",
+)
 FOLDER = "ADEChallengeData2016"
 #: images (and as many annotations) per split
 COUNTS = {"training": 20210, "validation": 2000}
 NUM_CLASSES = 150
-
-
-def download(url: str, dest: Path) -> None:
-    """Stream `url` to `dest` through a `.part` file, so an interrupted download never looks complete."""
-    part = dest.with_name(dest.name + ".part")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    print(f"downloading {url} -> {dest}")
-    with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as out:
-        total = int(response.headers.get("Content-Length") or 0)
-        done, last = 0, 0.0
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
-            done += len(chunk)
-            if time.monotonic() - last > 2:
-                last = time.monotonic()
-                share = f" ({100 * done / total:.0f}%)" if total else ""
-                print(f"  {done / 2**20:,.0f} MiB{share}", flush=True)
-    if total and done != total:
-        raise OSError(f"{url}: got {done} bytes of {total}; run again to retry")
-    part.replace(dest)
-
-
-def checksums(path: Path) -> dict[str, str]:
-    """MD5, SHA-1 and SHA-256 of a file, in one pass."""
-    digests = {name: hashlib.new(name) for name in ("md5", "sha1", "sha256")}
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            for digest in digests.values():
-                digest.update(chunk)
-    return {name: digest.hexdigest() for name, digest in digests.items()}
-
-
-def check_archive(path: Path) -> None:
-    """Raise if the archive's MD5 or SHA-1 differ from the known ones; print all three digests."""
-    print(f"checking {path} ({path.stat().st_size:,} bytes)")
-    sums = checksums(path)
-    for name, value in sums.items():
-        print(f"  {name:6s} {value}")
-    if sums["md5"] != MD5 or sums["sha1"] != SHA1:
-        raise ValueError(
-            f"{path}: checksum mismatch (expected md5 {MD5}, sha1 {SHA1}); the download is corrupt or "
-            "truncated: delete it and run again"
-        )
-
-
-def extract(archive: Path, out: Path) -> Path:
-    """Extract `archive` into `out`, refusing members that would land outside it."""
-    out = out.resolve()
-    print(f"extracting {archive} -> {out}")
-    with zipfile.ZipFile(archive) as zf:
-        for member in zf.namelist():
-            if not (out / member).resolve().is_relative_to(out):
-                raise ValueError(f"{archive}: member {member!r} points outside {out}; refusing to extract")
-        zf.extractall(out)
-    return out / FOLDER
 
 
 def verify(root: Path, deep: bool = False) -> list[str]:
@@ -149,35 +106,28 @@ def _deep_check(images: dict[str, Path], annotations: dict[str, Path]) -> list[s
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("data/ade"), help="folder to extract into (default: data/ade)")
-    parser.add_argument("--zip", type=Path, default=None, help="archive path (default: <out>/ADEChallengeData2016.zip)")
-    parser.add_argument("--keep-zip", action="store_true", help="keep the archive after extracting it")
-    parser.add_argument("--verify", type=Path, metavar="ROOT", help="only verify an extracted ADEChallengeData2016")
-    parser.add_argument("--deep", action="store_true", help="with verification, also read every annotation")
-    args = parser.parse_args(argv)
+def check(root: Path, deep: bool = False) -> list[str]:
+    """verify(), then the first image of each split must decode."""
+    problems = verify(root, deep=deep)
+    for split in COUNTS:
+        first = min((root / "images" / split).glob("*.jpg"), default=None)
+        if first is not None:
+            problems += check_decodes(first)
+    return problems
 
-    if args.verify is None:
-        archive = args.zip or args.out / f"{FOLDER}.zip"
-        if archive.exists():
-            print(f"{archive} exists; not downloading it again")
-        else:
-            download(URL, archive)
-        check_archive(archive)
-        root = extract(archive, args.out)
-        if not args.keep_zip:
-            archive.unlink()
-    else:
-        root = args.verify
-    problems = verify(root, deep=args.deep)
-    for problem in problems:
-        print(f"PROBLEM: {problem}", file=sys.stderr)
-    if problems:
-        print(f"{root}: {len(problems)} problems", file=sys.stderr)
-        return 1
-    print(f"{root}: complete ({', '.join(f'{n} {s}' for s, n in COUNTS.items())} images with annotations)")
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser(__doc__, [ARCHIVE], "data/ade", BASE_URL)
+    parser.add_argument("--deep", action="store_true", help="also read every annotation (slow)")
+    parser.epilog += "\n\n--verify ROOT takes the ADEChallengeData2016 folder itself; --out the folder holding it."
+    args = parser.parse_args(argv)
+    if args.verify is not None:
+        return report(check(args.verify, deep=args.deep), args.verify)
+
+    def check_all(archives: Sequence[Archive]) -> list[str]:
+        return check(args.out / FOLDER, deep=args.deep)
+
+    return run(lambda: prepare_download("ade20k", args, [ARCHIVE], check_all, dict(COUNTS)))
 
 
 if __name__ == "__main__":
