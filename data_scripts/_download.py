@@ -282,6 +282,13 @@ def _below_link(name: str, links: set[str]) -> bool:
     return any(posixpath.join(*parts[:i]) in links for i in range(1, len(parts)))
 
 
+def _refusal(label: str, name: str, problem: str, out: Path) -> UnsafeArchiveError:
+    return UnsafeArchiveError(
+        f"{label}: member {name!r} {problem}; refusing to extract anything from this archive (target {out}); "
+        "the official archives hold no such member: get the file again"
+    )
+
+
 def check_tar(tar: tarfile.TarFile, out: Path, label: str, rename: Callable[[str], str | None] | None = None) -> None:
     """Raise UnsafeArchiveError naming `label` and the member if any member of `tar` is unsafe.
 
@@ -300,10 +307,7 @@ def check_tar(tar: tarfile.TarFile, out: Path, label: str, rename: Callable[[str
         if problem is None and new_name is not None:
             problem = _path_problem(new_name, root)
         if problem:
-            raise UnsafeArchiveError(
-                f"{label}: member {member.name!r} {problem}; refusing to extract anything from this archive "
-                f"(target {out}); the official archives hold no such member: get the file again"
-            )
+            raise _refusal(label, member.name, problem, out)
 
 
 def extract_tar(tar: tarfile.TarFile, out: Path, label: str, rename: Callable[[str], str | None] | None = None) -> int:
@@ -335,10 +339,7 @@ def check_zip(archive: zipfile.ZipFile, out: Path, label: str) -> None:
     for name in archive.namelist():
         problem = _path_problem(name, root)
         if problem:
-            raise UnsafeArchiveError(
-                f"{label}: member {name!r} {problem}; refusing to extract anything from this archive "
-                f"(target {out}); the official archives hold no such member: get the file again"
-            )
+            raise _refusal(label, name, problem, out)
 
 
 def extract(archive: Path, out: Path) -> int:

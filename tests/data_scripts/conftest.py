@@ -15,7 +15,7 @@ def server(tmp_path) -> Server:
     served.root.mkdir()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler(served))
     served.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield served
     httpd.shutdown()

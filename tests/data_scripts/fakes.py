@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import subprocess
 import sys
 import tarfile
 import zipfile
@@ -121,3 +122,9 @@ def make_tar(path: Path, members: dict[str, bytes] | list[tuple], mode: str = "w
         for info, data in members:
             tf.addfile(info, io.BytesIO(data) if info.isfile() else None)
     return path
+
+
+def help_text(name: str) -> str:
+    """What `python data_scripts/<name>.py --help` prints, run as users run it."""
+    command = [sys.executable, str(SCRIPTS / f"{name}.py"), "--help"]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
