@@ -110,19 +110,20 @@ def checksums(path: Path) -> dict[str, str]:
     return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
-def check_md5(path: Path, md5: str) -> bool:
-    """Whether `path`'s MD5 is `md5`; prints MD5 and SHA-256 (the latter for users' records)."""
+def md5_of(path: Path) -> str:
+    """`path`'s MD5, with MD5 and SHA-256 printed (the latter for users' records)."""
     print(f"checking {path} ({human_size(path.stat().st_size)})", file=sys.stderr)
     sums = checksums(path)
     print(f"  md5    {sums['md5']}\n  sha256 {sums['sha256']}", file=sys.stderr)
-    return sums["md5"] == md5.lower()
+    return sums["md5"]
 
 
 def require_md5(path: Path, md5: str) -> None:
     """Raise ChecksumError unless `path`'s MD5 is `md5` (the file is left where it is)."""
-    if not check_md5(path, md5):
+    actual = md5_of(path)
+    if actual != md5.lower():
         raise ChecksumError(
-            f"{path}: MD5 {checksums(path)['md5']}, expected {md5}; the file is damaged or not the official "
+            f"{path}: MD5 {actual}, expected {md5}; the file is damaged or not the official "
             "archive: download it again, or use --skip-checksums if you know it to be right"
         )
 
@@ -206,7 +207,7 @@ def download(url: str, dest: Path, md5: str, size: int | None = None, retries: i
     dest.parent.mkdir(parents=True, exist_ok=True)
     part, bad = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".bad")
     if dest.exists():
-        if check_md5(dest, md5):
+        if md5_of(dest) == md5.lower():
             print(f"{dest}: present with the right MD5; not downloading it again", file=sys.stderr)
             return dest
         dest.replace(bad)
@@ -226,8 +227,8 @@ def download(url: str, dest: Path, md5: str, size: int | None = None, retries: i
             wait = RETRY_WAIT * 2**attempt
             print(f"\n  {url}: {err}; resuming in {wait:.0f} s ({attempt + 1}/{retries})", file=sys.stderr)
             time.sleep(wait)
-    if not check_md5(part, md5):
-        actual = checksums(part)["md5"]
+    actual = md5_of(part)
+    if actual != md5.lower():
         part.replace(bad)
         raise ChecksumError(
             f"{url}: the downloaded file has MD5 {actual}, expected {md5}; it is corrupt or not the official "

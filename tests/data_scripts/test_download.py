@@ -154,3 +154,10 @@ def test_checks_of_the_result(tmp_path):
     assert problems[0] == f"{tmp_path / 'train'}: 3 files matching *.jpg, expected 4"
     assert problems[1] == f"{tmp_path / 'test'}: missing folder (expected 1 files matching *.jpg)"
     assert problems[2].startswith(f"{tmp_path / 'val' / '0.jpg'}: does not decode") and len(problems) == 3
+
+
+def test_complete_file_with_a_wrong_checksum_is_set_aside_and_fetched_again(server, served_file, tmp_path):
+    dest = tmp_path / "blob.zip"
+    dest.write_bytes(b"stale")
+    _download.download(served_file, dest, MD5)
+    assert md5_of(dest) == MD5 and dest.with_name("blob.zip.bad").read_bytes() == b"stale"
