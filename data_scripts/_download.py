@@ -371,17 +371,20 @@ def count_files(folder: Path, pattern: str) -> int:
     return sum(1 for _ in glob.iglob(os.path.join(glob.escape(str(folder)), pattern)))
 
 
-def check_counts(root: Path, expected: dict[str, int], pattern: str) -> list[str]:
-    """Problems with the number of `pattern` files in each folder `root/<key>` (empty when all match)."""
+def check_counts(root: Path, expected: dict[str, int], pattern: str, decode: bool = False) -> list[str]:
+    """Problems with the number of `pattern` files in each folder `root/<key>` (empty when all match);
+    with `decode`, the first of each folder (by name) must decode too."""
     problems = []
     for folder, count in expected.items():
         path = root / folder
         if not path.is_dir():
             problems.append(f"{path}: missing folder (expected {count} files matching {pattern})")
             continue
-        found = count_files(path, pattern)
-        if found != count:
-            problems.append(f"{path}: {found} files matching {pattern}, expected {count}")
+        files = glob.glob(os.path.join(glob.escape(str(path)), pattern))
+        if len(files) != count:
+            problems.append(f"{path}: {len(files)} files matching {pattern}, expected {count}")
+        if decode and files:
+            problems += check_decodes(Path(min(files)))
     return problems
 
 
@@ -398,13 +401,8 @@ def check_decodes(path: Path) -> list[str]:
 
 
 def check_folders(root: Path, expected: dict[str, int], pattern: str) -> list[str]:
-    """check_counts, then one sample per folder (the first by name) must decode."""
-    problems = check_counts(root, expected, pattern)
-    for folder in expected:
-        samples = sorted(glob.iglob(os.path.join(glob.escape(str(root / folder)), pattern)))
-        if samples:
-            problems += check_decodes(Path(samples[0]))
-    return problems
+    """check_counts, and one sample per folder must decode."""
+    return check_counts(root, expected, pattern, decode=True)
 
 
 def check_files(root: Path, names: Iterable[str]) -> list[str]:
