@@ -124,7 +124,7 @@ def require_md5(path: Path, md5: str) -> None:
     if actual != md5.lower():
         raise ChecksumError(
             f"{path}: MD5 {actual}, expected {md5}; the file is damaged or not the official "
-            "archive: download it again, or use --skip-checksums if you know it to be right"
+            "archive: download it again (--help says where)"
         )
 
 

@@ -12,7 +12,7 @@ are extracted only if no member would land outside --out. Then the number of ima
 split is counted and one image per split decoded; <out>/.data_scripts.json records the
 result, so that running the command again does nothing.
 
-The layout, which vitdense's CocoDetectionDataModule reads (data.root = --out):
+The layout, which vitdense's COCODataModule reads (data.root = --out):
 
     <out>/train2017/*.jpg                           118287 images
     <out>/val2017/*.jpg                             5000 images
