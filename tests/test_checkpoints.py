@@ -4,6 +4,7 @@ that does not fit is one clear line."""
 
 import csv
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,11 @@ def test_classification_predicts_a_folder_from_the_checkpoint_alone(trained, tmp
     _, ckpt = trained["cls"]
     out = tmp_path / "classes.csv"
     writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
-    predict(ckpt, write_photos(tmp_path / "photos"), *writer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predict(ckpt, write_photos(tmp_path / "photos"), *writer)
+    # the training run's callbacks (checkpointing, images) are not needed to predict: no warning
+    assert not [w for w in caught if "callbacks used to create the checkpoint" in str(w.message)]
     rows = list(csv.DictReader(out.open()))
     assert sorted(Path(r["path"]).relative_to(tmp_path / "photos").as_posix() for r in rows) == sorted(PHOTOS)
     names = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["class_names"]

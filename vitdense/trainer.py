@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +23,14 @@ def _noting_checkpoint(method: Callable) -> Callable:
     @functools.wraps(method)
     def run(self: Trainer, *args: Any, **kwargs: Any) -> Any:
         self._note_checkpoint(method, args, kwargs)
-        return method(self, *args, **kwargs)
+        if method is L.Trainer.fit:
+            return method(self, *args, **kwargs)
+        with warnings.catch_warnings():
+            # Callback states (checkpoint bookkeeping, image counters) only matter to a fit
+            # that goes on; evaluating or predicting from a checkpoint without the training
+            # run's callbacks is the normal case, not something to warn about.
+            warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
+            return method(self, *args, **kwargs)
 
     return run
 
