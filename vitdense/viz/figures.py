@@ -46,7 +46,7 @@ def attention_maps(image: np.ndarray, maps: torch.Tensor, titles: Sequence[str],
     """The image, then each map [k, h, w] stretched over it."""
     figure, axes = _grid(len(titles) + 1, columns)
     _overlay(axes[0], image, None, "image")
-    for ax, heat, title in zip(axes[1:], maps.float().cpu().numpy(), titles, strict=True):
+    for ax, heat, title in zip(axes[1 : 1 + len(maps)], maps.float().cpu().numpy(), titles, strict=True):
         _overlay(ax, image, heat, title)
     return figure
 
@@ -120,7 +120,9 @@ def decoder_attention(
     x2, y2 pixels of `image`), as in DETR's Figure 6."""
     figure, axes = _grid(len(captions) + 1, columns, size=2.6)
     _overlay(axes[0], image, None, "image")
-    for ax, heat, box, text in zip(axes[1:], maps.float().cpu().numpy(), boxes.tolist(), captions, strict=True):
+    for ax, heat, box, text in zip(
+        axes[1 : 1 + len(maps)], maps.float().cpu().numpy(), boxes.tolist(), captions, strict=True
+    ):
         _overlay(ax, image, heat, text)
         ax.add_patch(Rectangle(box[:2], box[2] - box[0], box[3] - box[1], fill=False, edgecolor="cyan", lw=1.5))
     return figure
@@ -135,7 +137,7 @@ def class_masks(image: np.ndarray, masks: torch.Tensor, labels: torch.Tensor, ti
     axes[0].imshow(labels.cpu().numpy(), cmap="tab20", alpha=0.5, extent=(0, w, h, 0), interpolation="nearest")
     axes[0].set_title("argmax", fontsize=9)
     axes[0].axis("off")
-    for ax, mask, title in zip(axes[1:], masks.float().cpu().numpy(), titles, strict=True):
+    for ax, mask, title in zip(axes[1 : 1 + len(masks)], masks.float().cpu().numpy(), titles, strict=True):
         ax.imshow(image)
         ax.imshow(mask, cmap=CMAP, alpha=0.6, vmin=0, vmax=1, extent=(0, w, h, 0), interpolation="bilinear")
         ax.set_title(title, fontsize=9)
