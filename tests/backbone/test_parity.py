@@ -48,7 +48,8 @@ def test_forward_matches_timm(tmp_path, name, sizes, fmt):
     else:
         torch.save({"model": ref.state_dict()}, path)  # DeiT-style wrapped checkpoint
     ours = create_backbone(name, checkpoint=path).eval()
-    assert_matches_timm(ours, ref, sizes)
+    # the format changes only the loading: every size once, the second format at the odd size
+    assert_matches_timm(ours, ref, sizes if fmt == "safetensors" else sizes[-1:])
 
 
 def test_jax_npz_matches_timm(tmp_path):

@@ -133,6 +133,20 @@ class MLP(nn.Module):
         return x
 
 
+def explicit_attention(x: torch.Tensor) -> bool:
+    """Whether `nn.MultiheadAttention` should take its explicit softmax path (`need_weights=True`)
+    rather than the fused `scaled_dot_product_attention` (`need_weights=False`).
+
+    The backbone's `attn_impl="auto"` rule: fused, except in bfloat16 on CPU, where the
+    explicit path is faster. (A decoder layer at COCO size, fp32 on an AVX2 CPU, trained 13%
+    faster fused: 242 vs 277 ms forward + backward.)
+    """
+    if x.device.type != "cpu":
+        return False
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
+    return dtype == torch.bfloat16
+
+
 class DETREncoderLayer(nn.Module):
     """Post-norm self-attention + FFN over the memory; positions added to queries and keys."""
 
@@ -148,7 +162,8 @@ class DETREncoderLayer(nn.Module):
     def forward(self, src: torch.Tensor, pos: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
         """src, pos [B, N, d]; key_padding_mask [B, N] True on padding -> [B, N, d]."""
         q = k = src + pos
-        src = self.norm1(src + self.dropout(self.self_attn(q, k, src, key_padding_mask=key_padding_mask)[0]))
+        attn = self.self_attn(q, k, src, key_padding_mask=key_padding_mask, need_weights=explicit_attention(src))[0]
+        src = self.norm1(src + self.dropout(attn))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
         return self.norm2(src + self.dropout(ffn))
 
@@ -181,7 +196,8 @@ class DETRDecoderLayer(nn.Module):
         padding; self_attn_mask [Q, Q] True where a query may not look (other groups);
         cross_attn_bias [B * heads, Q, N] added to the cross-attention logits."""
         q = k = tgt + query_pos
-        attn = self.self_attn(q, k, tgt, attn_mask=self_attn_mask)[0]
+        explicit = explicit_attention(tgt)
+        attn = self.self_attn(q, k, tgt, attn_mask=self_attn_mask, need_weights=explicit)[0]
         tgt = self.norm1(tgt + self.dropout(attn))
         if cross_attn_bias is not None and memory_padding_mask is not None:
             # one float mask: nn.MultiheadAttention would otherwise combine a bool and a float mask
@@ -191,7 +207,12 @@ class DETRDecoderLayer(nn.Module):
             )
             memory_padding_mask = None
         attn = self.cross_attn(
-            tgt + query_pos, memory + pos, memory, key_padding_mask=memory_padding_mask, attn_mask=cross_attn_bias
+            tgt + query_pos,
+            memory + pos,
+            memory,
+            key_padding_mask=memory_padding_mask,
+            attn_mask=cross_attn_bias,
+            need_weights=explicit,
         )[0]
         tgt = self.norm2(tgt + self.dropout(attn))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(tgt))))

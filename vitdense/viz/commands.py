@@ -169,7 +169,7 @@ def decoder_attention(model: Model, args: argparse.Namespace, out: Output) -> No
     captured: list[torch.Tensor] = []
     layer = task.head.decoder[-1].cross_attn
 
-    def ask_for_weights(module, args_, kwargs):  # the decoder calls it without them
+    def ask_for_weights(module, args_, kwargs):  # the decoder asks only where explicit attention is faster
         return args_, {**kwargs, "need_weights": True, "average_attn_weights": True}
 
     hooks = [
