@@ -50,11 +50,13 @@ from _download import (  # noqa: E402
     human_size,
     make_parser,
     prepare,
+    recorded,
     report,
     require_md5,
     run,
 )
 
+DATASET = "imagenet2012"
 TERMS = "https://image-net.org/download-images.php"
 LICENCE = "ImageNet terms of access: non-commercial research and education only; images belong to their owners"
 #: the official files by what they hold; tests replace entries (md5) for their tiny tars
@@ -85,14 +87,24 @@ def check(root: Path, archives: Sequence[Archive]) -> list[str]:
     return check_folders(root, {split: COUNTS[split] for split in splits}, "*/*.JPEG")
 
 
+def require_tars(tars: Path, archives: Sequence[Archive], out: Path) -> None:
+    """Raise MissingArchiveError naming every file of `archives` missing from `tars` (those an
+    earlier run already prepared into `out` aside), before hours go into extracting the others."""
+    missing = [a for a in archives if not (tars / a.name).is_file() and not recorded(out, DATASET, a)]
+    if missing:
+        names = ", ".join(f"{tars / a.name} (~{human_size(a.size)})" for a in missing)
+        raise MissingArchiveError(
+            f"{names}: not found. ImageNet cannot be downloaded without an account: sign in at {TERMS}, accept the "
+            f"terms of access, download the missing files into {tars} and run this again"
+            + ("; --splits val needs only the validation tar and the devkit" if missing == [ARCHIVES["train"]] else "")
+        )
+
+
 def locate(tars: Path, archive: Archive, skip_checksums: bool) -> Path:
     """The user's copy of `archive` in `tars`, its MD5 checked (always for the small devkit)."""
     path = tars / archive.name
     if not path.is_file():
-        raise MissingArchiveError(
-            f"{path}: not found. ImageNet cannot be downloaded without an account: sign in at {TERMS}, accept the "
-            f"terms of access, download {archive.name} (~{human_size(archive.size)}) into {tars} and run this again"
-        )
+        raise MissingArchiveError(f"{path}: not found (see --help)")
     if archive is ARCHIVES["devkit"] or not skip_checksums:
         require_md5(path, archive.md5)
     return path
@@ -196,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             read_devkit(path)  # fail early on a damaged devkit
 
-    return run(
-        lambda: prepare(
-            "imagenet2012",
+    def prepare_all() -> int:
+        require_tars(args.tars, archives, args.out)
+        return prepare(
+            DATASET,
             args.out,
             archives,
             obtain=lambda archive: locate(args.tars, archive, args.skip_checksums),
@@ -207,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             counts={split: COUNTS[split] for split in args.splits},
             force=args.force,
         )
-    )
+
+    return run(prepare_all)
 
 
 if __name__ == "__main__":

@@ -92,8 +92,20 @@ def test_missing_tar_says_where_to_get_it(tars, tmp_path, capsys):
     (folder / "ILSVRC2012_img_val.tar").unlink()
     assert script.main(["--tars", str(folder), "--out", str(tmp_path / "out"), "--splits", "val"]) == 1
     err = capsys.readouterr().err
-    assert f"{folder / 'ILSVRC2012_img_val.tar'}: not found" in err
+    assert f"{folder / 'ILSVRC2012_img_val.tar'} (~" in err and ": not found" in err
     assert "without an account" in err and "https://image-net.org/download-images.php" in err
+
+
+def test_every_missing_tar_is_named_before_anything_is_extracted(tars, tmp_path, capsys):
+    script, folder = tars
+    for name in ("ILSVRC2012_img_val.tar", "ILSVRC2012_devkit_t12.tar.gz"):
+        (folder / name).unlink()
+    out = tmp_path / "out"
+    assert script.main(["--tars", str(folder), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "ILSVRC2012_img_val.tar (~" in err and "ILSVRC2012_devkit_t12.tar.gz (~" in err
+    assert "ILSVRC2012_img_train.tar" not in err.split("not found")[0]  # present: not named
+    assert not (out / "train").exists()  # the training tar was not extracted first
 
 
 def test_bad_devkit_and_unsafe_inner_tar_are_refused(tars, tmp_path, capsys, monkeypatch):
