@@ -200,13 +200,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.tars is None:
         parser.error(f"--tars DIR is required: the folder holding the files you downloaded from {TERMS}")
 
+    labels: list[str] = []  # the devkit's validation labels, read once
+
     def unpack(archive: Archive, path: Path) -> None:
         if archive is ARCHIVES["train"]:
             extract_train(path, args.out / "train")
         elif archive is ARCHIVES["val"]:
-            sort_val(path, args.out / "val", read_devkit(args.tars / ARCHIVES["devkit"].name))
+            sort_val(path, args.out / "val", labels or read_devkit(args.tars / ARCHIVES["devkit"].name))
         else:
-            read_devkit(path)  # fail early on a damaged devkit
+            labels[:] = read_devkit(path)  # before the validation tar: a damaged devkit fails early
 
     def prepare_all() -> int:
         require_tars(args.tars, archives, args.out)

@@ -149,15 +149,9 @@ def hstack(images: Sequence[np.ndarray], gap: int = 4) -> np.ndarray:
 
 
 def vstack(images: Sequence[np.ndarray], gap: int = 0) -> np.ndarray:
-    """Images one above the other, left-aligned, on white."""
-    width = max(i.shape[1] for i in images)
-    height = sum(i.shape[0] for i in images) + gap * (len(images) - 1)
-    out = np.full((height, width, 3), 255, np.uint8)
-    y = 0
-    for image in images:
-        out[y : y + image.shape[0], : image.shape[1]] = image
-        y += image.shape[0] + gap
-    return out
+    """Images one above the other, left-aligned, on white (hstack of the transposed images)."""
+    stacked = hstack([image.transpose(1, 0, 2) for image in images], gap)
+    return np.ascontiguousarray(stacked.transpose(1, 0, 2))
 
 
 def tile(images: Sequence[np.ndarray], columns: int, gap: int = 4) -> np.ndarray:
