@@ -3,18 +3,93 @@ predictions and losses. NamedTuples (Lightning moves their tensors between devic
 they are), importable without importing any dataset family, transform library or task.
 
 Batches come from one padding collate (`vitdense.data.collate.pad_collate`): images are
-zero-padded right and bottom to the batch's largest size; `pad_mask` marks the padding
-and `image_sizes` holds each image's (H, W) as Python ints, so the backbone gets its
-token grids without reading a device tensor back to the host.
+zero-padded right and bottom to the batch's largest size, and the batch's `ImageSizes`
+says which part of each image is real. That one object travels unchanged from the collate
+through the backbone (as `ViTFeatures.image_sizes`, at the patch stride) to the heads and
+post-processing; every pixel mask, token mask or valid ratio is derived from it, at any
+stride, and nothing re-derives sizes from a mask.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
 Size = tuple[int, int]
+
+
+def _pair(value: int | Sequence[int]) -> Size:
+    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+
+
+class ImageSizes(NamedTuple):
+    """The padding contract: the size of every image of a batch padded right and bottom.
+
+    Sizes are Python ints (no device tensor is read back to the host to learn them). The
+    same object describes the batch at any stride: `at_stride(16)` is the view of a ViT
+    with 16 x 16 patches, where a token is padding if it covers only padding pixels (the
+    last row of an image whose height is not a multiple of 16 is part image, part padding,
+    and counts as image, as when the image is encoded alone).
+
+    Attributes:
+        sizes: (H_i, W_i) of each image in pixels, before padding.
+        padded: (H, W) of the padded batch in pixels.
+        stride: pixels per position (h, w) of the level this object describes (1: pixels).
+    """
+
+    sizes: tuple[Size, ...]
+    padded: Size
+    stride: Size = (1, 1)
+
+    @classmethod
+    def of(cls, sizes: Sequence[Sequence[int]]) -> ImageSizes:
+        """The sizes of images padded to the largest height and width among them."""
+        pairs = tuple(_pair(s) for s in sizes)
+        if not pairs:
+            raise ValueError("ImageSizes.of needs at least one size")
+        return cls(pairs, (max(h for h, _ in pairs), max(w for _, w in pairs)))
+
+    @classmethod
+    def full(cls, batch: int, size: Sequence[int]) -> ImageSizes:
+        """`batch` images of the same size: no padding."""
+        return cls((_pair(size),) * batch, _pair(size))
+
+    def at_stride(self, stride: int | Sequence[int]) -> ImageSizes:
+        """The same batch seen at `stride` pixels per position (e.g. a ViT's patch size)."""
+        return self._replace(stride=_pair(stride))
+
+    @property
+    def grids(self) -> tuple[Size, ...]:
+        """Each image's extent in positions at this stride: (ceil(H_i / s_h), ceil(W_i / s_w))."""
+        sh, sw = self.stride
+        return tuple((math.ceil(h / sh), math.ceil(w / sw)) for h, w in self.sizes)
+
+    @property
+    def grid(self) -> Size:
+        """The padded batch's extent in positions at this stride."""
+        return math.ceil(self.padded[0] / self.stride[0]), math.ceil(self.padded[1] / self.stride[1])
+
+    @property
+    def has_padding(self) -> bool:
+        """Whether any position at this stride is padding."""
+        return any(g != self.grid for g in self.grids)
+
+    def mask(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[B, h, w] bool at this stride, True on padding positions."""
+        h, w = self.grid
+        limits = torch.tensor(self.grids, device=device)  # [B, 2]
+        rows = torch.arange(h, device=device)[None, :, None] >= limits[:, 0, None, None]
+        cols = torch.arange(w, device=device)[None, None, :] >= limits[:, 1, None, None]
+        return rows | cols
+
+    def valid_ratios(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """[B, 2] float: each image's share of the padded grid along (h, w) at this stride
+        (Deformable DETR's valid ratios)."""
+        grid = torch.tensor(self.grid, dtype=torch.float32, device=device)
+        return torch.tensor(self.grids, dtype=torch.float32, device=device) / grid
 
 
 class LabeledImages(NamedTuple):
@@ -24,15 +99,13 @@ class LabeledImages(NamedTuple):
         image: [3, H, W] normalised image, or [B, 3, H, W] once collated.
         label: class index (int), or [B] int64 once collated.
         index: position of the sample in its dataset (-1 if unknown); [B] int64 in a batch.
-        pad_mask: [B, H, W] bool, True on padding (None for a single sample).
-        image_sizes: (H, W) of the image before padding; one pair per image in a batch.
+        image_sizes: (H, W) of a single image; the batch's `ImageSizes` once collated.
     """
 
     image: torch.Tensor
     label: torch.Tensor | int
     index: torch.Tensor | int = -1
-    pad_mask: torch.Tensor | None = None
-    image_sizes: tuple[Size, ...] | Size | None = None
+    image_sizes: ImageSizes | Size | None = None
 
 
 class SegmentedImages(NamedTuple):
@@ -47,17 +120,15 @@ class SegmentedImages(NamedTuple):
         mask: [h, w] int64 class indices with the ignore index (255) where unlabelled;
             [B, h, w] padded with the ignore index in a batch.
         index: position of the sample in its dataset.
-        pad_mask: [B, H, W] bool, True on image padding (None for a single sample).
-        image_sizes: (H, W) of the image before padding; one pair per image in a batch.
-        mask_sizes: (h, w) of the label map before padding; one pair per image in a batch.
+        image_sizes: (H, W) of a single image; the batch's `ImageSizes` once collated.
+        mask_sizes: (h, w) of a single label map; the label maps' `ImageSizes` in a batch.
     """
 
     image: torch.Tensor
     mask: torch.Tensor
     index: torch.Tensor | int = -1
-    pad_mask: torch.Tensor | None = None
-    image_sizes: tuple[Size, ...] | Size | None = None
-    mask_sizes: tuple[Size, ...] | Size | None = None
+    image_sizes: ImageSizes | Size | None = None
+    mask_sizes: ImageSizes | Size | None = None
 
     @classmethod
     def of(cls, image: torch.Tensor, mask: torch.Tensor, index: int) -> SegmentedImages:
@@ -132,8 +203,7 @@ class DetectedImages(NamedTuple):
         image: [3, H, W] normalised image; [B, 3, H, W] zero-padded right/bottom in a batch.
         targets: the objects to learn (`BoxTargets`, crowds excluded); a tuple of B in a batch.
         index: position of the sample in its dataset.
-        pad_mask: [B, H, W] bool, True on image padding (None for a single sample).
-        image_sizes: (H, W) of the image before padding; one pair per image in a batch.
+        image_sizes: (H, W) of a single image; the batch's `ImageSizes` once collated.
         orig_sizes: (H0, W0) of the image as stored, before any resize; boxes are predicted
             relative to the image and scaled to this size for evaluation and export.
         eval_targets: the original annotations (`EvalTargets`), or None where not needed.
@@ -142,8 +212,7 @@ class DetectedImages(NamedTuple):
     image: torch.Tensor
     targets: BoxTargets | tuple[BoxTargets, ...]
     index: torch.Tensor | int = -1
-    pad_mask: torch.Tensor | None = None
-    image_sizes: tuple[Size, ...] | Size | None = None
+    image_sizes: ImageSizes | Size | None = None
     orig_sizes: tuple[Size, ...] | Size | None = None
     eval_targets: EvalTargets | tuple[EvalTargets | None, ...] | None = None
 

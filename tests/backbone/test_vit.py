@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from vitdense.backbone import VisionTransformer, ViTFeatures
+from vitdense.data.collate import pad_stack
+from vitdense.types import ImageSizes
 
 
 def tiny(**kwargs) -> VisionTransformer:
@@ -12,16 +14,9 @@ def tiny(**kwargs) -> VisionTransformer:
     return VisionTransformer(**(args | kwargs)).eval()
 
 
-def pad_batch(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-left aligned zero padding and a pixel mask, as a collate function makes them."""
-    h = max(i.shape[-2] for i in images)
-    w = max(i.shape[-1] for i in images)
-    batch = torch.zeros(len(images), 3, h, w)
-    mask = torch.ones(len(images), h, w, dtype=torch.bool)
-    for b, img in enumerate(images):
-        batch[b, :, : img.shape[-2], : img.shape[-1]] = img
-        mask[b, : img.shape[-2], : img.shape[-1]] = False
-    return batch, mask
+def pad_batch(images: list[torch.Tensor]) -> tuple[torch.Tensor, ImageSizes]:
+    """Top-left aligned zero padding and the batch's sizes, as the collate makes them."""
+    return pad_stack(images)
 
 
 @pytest.mark.parametrize(
@@ -30,28 +25,27 @@ def pad_batch(images: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 def test_padded_batch_matches_each_image_alone(kwargs):
     model = tiny(**kwargs)
     images = [torch.randn(3, 64, 80), torch.randn(3, 37, 50), torch.randn(3, 96, 33)]
-    batch, mask = pad_batch(images)
+    batch, sizes = pad_batch(images)
     with torch.no_grad():
-        together = model(batch, pad_mask=mask)
+        together = model(batch, sizes)
+        padding = together.padding()
         for b, img in enumerate(images):
             alone = model(img[None])
             h, w = alone.grid_size
-            valid = ~together.padding_mask[b].reshape(together.grid_size)
-            assert valid.sum() == h * w  # exactly the image's own tokens are valid
+            assert (~padding[b]).sum() == h * w  # exactly the image's own tokens are not padding
             tokens = together.patch_tokens[b].reshape(*together.grid_size, -1)[:h, :w]
             torch.testing.assert_close(tokens, alone.patch_tokens[0].reshape(h, w, -1), rtol=0, atol=1e-5)
             torch.testing.assert_close(together.prefix_tokens[b], alone.prefix_tokens[0], rtol=0, atol=1e-5)
-            assert not together.patch_tokens[b][together.padding_mask[b]].any()  # padding is zeroed
+            assert not together.patch_tokens[b][padding[b]].any()  # padding is zeroed
 
 
-def test_no_padding_mask_when_nothing_is_padded():
+def test_no_padding_tokens_when_no_token_is_only_padding():
     model = tiny()
     x = torch.randn(2, 3, 64, 64)
-    mask = torch.zeros(2, 64, 64, dtype=torch.bool)
-    mask[:, 60:] = True  # padding inside the last row of patches covers no whole token
+    sizes = ImageSizes(((64, 64), (60, 64)), (64, 64))  # padding inside the last row of patches
     with torch.no_grad():
-        f = model(x, pad_mask=mask)
-    assert f.padding_mask is None
+        f = model(x, sizes)
+    assert f.padding() is None and f.image_sizes.grids == ((4, 4), (4, 4))
     assert f.patch_tokens.shape == (2, 16, 48)
     assert f.spatial().shape == (2, 48, 4, 4)
 
@@ -74,19 +68,20 @@ def test_features_shapes_and_prefix_order():
 def test_intermediates_and_attentions():
     model = tiny()
     images = [torch.randn(3, 64, 64), torch.randn(3, 32, 48)]
-    batch, mask = pad_batch(images)
+    batch, sizes = pad_batch(images)
     with torch.no_grad():
-        f = model(batch, pad_mask=mask, intermediates=(0, -1), attentions=(-1,))
-        plain = model(batch, pad_mask=mask)
+        f = model(batch, sizes, intermediates=(0, -1), attentions=(-1,))
+        plain = model(batch, sizes)
+    padding = f.padding()
     assert len(f.intermediates) == 2 and f.intermediates[0].shape == (2, 17, 48)
     # the last block's raw output, normed, is what the features hold
-    torch.testing.assert_close(model.norm(f.intermediates[1])[:, 1:][~f.padding_mask], f.patch_tokens[~f.padding_mask])
+    torch.testing.assert_close(model.norm(f.intermediates[1])[:, 1:][~padding], f.patch_tokens[~padding])
     # asking for attention (unfused path) does not change the result
     torch.testing.assert_close(f.patch_tokens, plain.patch_tokens, rtol=0, atol=1e-5)
     (attn,) = f.attentions
     assert attn.shape == (2, 3, 17, 17)
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 3, 17))
-    keys_padded = F.pad(f.padding_mask, (1, 0), value=False)
+    keys_padded = F.pad(padding, (1, 0), value=False)
     assert attn[1][..., keys_padded[1]].abs().max() == 0  # padded keys get no weight
     assert attn[0].min() > 0
 
@@ -94,13 +89,13 @@ def test_intermediates_and_attentions():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sdpa_and_math_attention_agree(dtype):
     images = [torch.randn(3, 64, 64), torch.randn(3, 40, 64)]
-    batch, mask = pad_batch(images)
+    batch, sizes = pad_batch(images)
     outs = []
     for impl in ("sdpa", "math"):
         torch.manual_seed(0)
         model = tiny(attn_impl=impl)
         with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            outs.append(model(batch, pad_mask=mask).patch_tokens.float())
+            outs.append(model(batch, sizes).patch_tokens.float())
     tol = 1e-5 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=tol)
 
@@ -176,28 +171,13 @@ def test_drop_path_increases_linearly_and_only_trains():
         assert not torch.allclose(model(x).patch_tokens, model(x).patch_tokens)
 
 
-def test_mismatched_pad_mask_is_rejected():
-    with pytest.raises(ValueError, match="pad_mask has batch 1"):
-        tiny()(torch.randn(2, 3, 32, 32), pad_mask=torch.zeros(1, 32, 32, dtype=torch.bool))
+def test_image_sizes_that_do_not_describe_the_batch_are_rejected():
+    with pytest.raises(ValueError, match="describe 1 images padded to"):
+        tiny()(torch.randn(2, 3, 32, 32), ImageSizes.of([(32, 32)]))
+    with pytest.raises(ValueError, match=r"padded to \(32, 30\)"):
+        tiny()(torch.randn(2, 3, 32, 32), ImageSizes.of([(32, 30), (20, 20)]))
 
 
 def test_out_of_range_block_index_is_refused():
     with pytest.raises(ValueError, match="block index 3 is out of range for depth 3"):
         tiny()(torch.randn(1, 3, 32, 32), intermediates=(3,))
-
-
-def test_image_sizes_give_the_same_features_as_the_pixel_mask():
-    from vitdense.backbone import create_backbone
-
-    bb = create_backbone("vit_tiny_patch16_224", img_size=64).eval()
-    images = torch.randn(2, 3, 70, 64)
-    pad_mask = torch.zeros(2, 70, 64, dtype=torch.bool)
-    pad_mask[1, 50:] = True
-    pad_mask[1, :, 40:] = True
-    with torch.no_grad():
-        from_mask = bb(images, pad_mask=pad_mask)
-        from_sizes = bb(images, image_sizes=[(70, 64), (50, 40)])
-    assert torch.equal(from_mask.padding_mask, from_sizes.padding_mask)
-    assert torch.equal(from_mask.patch_tokens, from_sizes.patch_tokens)
-    with pytest.raises(ValueError, match="image_sizes has 1 entries"):
-        bb(images, image_sizes=[(70, 64)])

@@ -163,13 +163,14 @@ def test_datamodule_loaders(ade):
     batch = train[0]
     assert isinstance(batch, SegmentedImages)
     assert batch.image.shape == (2, 3, 32, 32) and batch.mask.shape == (2, 32, 32)
-    assert batch.mask.dtype == torch.int64 and not batch.pad_mask.any()
+    assert batch.mask.dtype == torch.int64 and not batch.image_sizes.has_padding
     assert set(batch.mask.unique().tolist()) <= {0, 1, 2, 3, 255}
     val = next(iter(dm.val_dataloader()))
     # 36x50 -> 32x44 and 52x40 -> 42x32: padded to 42x44; masks at their original 36x50 and 52x40
-    assert val.image_sizes == ((32, 44), (42, 32)) and val.image.shape == (2, 3, 42, 44)
+    assert val.image_sizes.sizes == ((32, 44), (42, 32)) and val.image.shape == (2, 3, 42, 44)
     assert val.mask_sizes == ((36, 50), (52, 40)) and val.mask.shape == (2, 52, 50)
-    assert val.pad_mask[0, 32:].all() and not val.pad_mask[0, :32, :44].any()
+    padding = val.image_sizes.mask()
+    assert padding[0, 32:].all() and not padding[0, :32, :44].any()
     assert (val.mask[0, 36:] == 255).all()
     dm.setup("predict")
     assert [b.index.tolist() for b in dm.predict_dataloader()] == [[0, 1]]

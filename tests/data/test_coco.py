@@ -151,8 +151,8 @@ def test_datamodule_batches(tmp_path):
     dm.setup("fit")
     batch = pad_collate([dm.val_dataset[i] for i in range(3)])
     assert batch.image.shape[0] == 3 and len(batch.targets) == 3 and len(batch.eval_targets) == 3
-    for (h, w), t in zip(batch.image_sizes, batch.targets, strict=True):
-        assert batch.pad_mask[0].shape == batch.image.shape[-2:]
+    for (h, w), t in zip(batch.image_sizes.sizes, batch.targets, strict=True):
+        assert batch.image_sizes.padded == batch.image.shape[-2:]
         assert torch.all((t.boxes >= 0) & (t.boxes <= 1))
         assert min(h, w) == 48
     train = dm.train_dataset[0]

@@ -62,14 +62,14 @@ def test_datamodule():
     dm.setup("fit")
     assert [len(b.index) for b in dm.val_dataloader()] == [5, 5, 5, 1]  # evaluation keeps every sample
     train = list(dm.train_dataloader())
-    assert len(train) == 4 and train[0].image.shape == (8, 3, 64, 64) and not train[0].pad_mask.any()
+    assert len(train) == 4 and train[0].image.shape == (8, 3, 64, 64) and not train[0].image_sizes.has_padding
     val = next(iter(dm.val_dataloader()))
     # images resized to a short side of 64; labels at their drawn 48..80 px, rarely patch multiples
-    image_sizes, mask_sizes = torch.tensor(val.image_sizes), torch.tensor(val.mask_sizes)
+    image_sizes, mask_sizes = torch.tensor(val.image_sizes.sizes), torch.tensor(val.mask_sizes.sizes)
     assert (image_sizes.min(1).values == 64).all()
     assert mask_sizes.min() >= 48 and mask_sizes.max() <= 80
     assert (mask_sizes % 16 != 0).any() and (image_sizes != mask_sizes).any()
-    assert val.pad_mask.any()  # several aspect ratios in one batch
+    assert val.image_sizes.has_padding  # several aspect ratios in one batch
     assert set(val.mask.unique().tolist()) <= {0, 1, 2, 3, 255}
     # splits differ, and predict is the validation split
     assert not torch.equal(train[0].mask[0], val.mask[0, :64, :64])

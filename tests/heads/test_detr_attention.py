@@ -1,19 +1,33 @@
 """The DETR layers' attention path: fused (need_weights=False) and explicit give the same
-output under every mask the head uses, and the path follows the backbone's rule."""
+output under every mask the head uses, and one rule (`fused_attention`) picks the path for
+the backbone's attention and the DETR layers alike."""
 
 import pytest
 import torch
 
+from vitdense.backbone.vit import Attention, fused_attention
 from vitdense.heads import detr
-from vitdense.heads.detr import DETRDecoderLayer, DETREncoderLayer, explicit_attention
+from vitdense.heads.detr import DETRDecoderLayer, DETREncoderLayer
 
 
 def test_explicit_only_for_bf16_on_cpu():
     x = torch.zeros(1, 2, 8)
-    assert not explicit_attention(x)
-    assert explicit_attention(x.bfloat16())
+    assert fused_attention(x)
+    assert not fused_attention(x.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert explicit_attention(x)
+        assert not fused_attention(x)  # fp32 inputs that autocast computes in bf16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert fused_attention(x)
+
+
+def test_backbone_and_decoder_take_the_same_path(monkeypatch):
+    calls = []
+    monkeypatch.setattr(detr, "fused_attention", lambda x: calls.append("detr") or True)
+    monkeypatch.setattr("vitdense.backbone.vit.fused_attention", lambda x: calls.append("vit") or True)
+    with torch.no_grad():
+        Attention(8, 2)(torch.zeros(1, 3, 8))
+        DETREncoderLayer(8, 2, 16, 0.0)(torch.zeros(1, 3, 8), torch.zeros(1, 3, 8), None)
+    assert calls == ["vit", "detr"]
 
 
 @pytest.mark.parametrize("explicit", [True, False])
@@ -37,10 +51,10 @@ def test_both_paths_agree_under_every_mask(monkeypatch, explicit):
             encoder(memory, pos, padding),
         )
 
-    monkeypatch.setattr(detr, "explicit_attention", lambda x: explicit)
+    monkeypatch.setattr(detr, "fused_attention", lambda x: not explicit)
     with torch.no_grad():
         chosen = run()
-    monkeypatch.setattr(detr, "explicit_attention", lambda x: not explicit)
+    monkeypatch.setattr(detr, "fused_attention", lambda x: explicit)
     with torch.no_grad():
         other = run()
     for a, b in zip(chosen, other, strict=True):

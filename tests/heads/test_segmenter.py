@@ -4,13 +4,14 @@ import torch
 
 from vitdense.backbone import VisionTransformer
 from vitdense.heads import LinearDecoder, MaskTransformerDecoder
+from vitdense.types import ImageSizes
 
 
-def features(x, pad_mask=None):
+def features(x, image_sizes=None):
     torch.manual_seed(0)
     bb = VisionTransformer(img_size=64, embed_dim=64, depth=2, num_heads=4).eval()
     with torch.no_grad():
-        return bb(x, pad_mask=pad_mask)
+        return bb(x, image_sizes)
 
 
 def test_decoders_return_grid_logits():
@@ -38,10 +39,7 @@ def test_mask_transformer_ignores_padding():
     batch = torch.zeros(2, 3, 64, 64)
     batch[0] = torch.randn(3, 64, 64)
     batch[1, :, :32, :48] = small[0]
-    mask = torch.ones(2, 64, 64, dtype=torch.bool)
-    mask[0] = False
-    mask[1, :32, :48] = False
     with torch.no_grad():
-        together = decoder(features(batch, mask))
+        together = decoder(features(batch, ImageSizes.of([(64, 64), (32, 48)])))
         alone = decoder(features(small))
     torch.testing.assert_close(together[1:, :, :2, :3], alone, rtol=0, atol=1e-4)

@@ -2,6 +2,7 @@
 
 import torch
 
+from vitdense.data.collate import pad_collate
 from vitdense.heads import LinearDecoder
 from vitdense.tasks import BackboneConfig, SegmentationTask
 from vitdense.types import SegmentedImages
@@ -11,18 +12,9 @@ TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32)
 
 def batch(sizes, mask_sizes=None, k=3):
     mask_sizes = mask_sizes or sizes
-    h = max(s[0] for s in sizes)
-    w = max(s[1] for s in sizes)
-    mh = max(s[0] for s in mask_sizes)
-    mw = max(s[1] for s in mask_sizes)
-    images = torch.zeros(len(sizes), 3, h, w)
-    pad = torch.ones(len(sizes), h, w, dtype=torch.bool)
-    masks = torch.full((len(sizes), mh, mw), 255)
-    for i, ((ih, iw), (th, tw)) in enumerate(zip(sizes, mask_sizes, strict=True)):
-        images[i, :, :ih, :iw] = torch.randn(3, ih, iw)
-        pad[i, :ih, :iw] = False
-        masks[i, :th, :tw] = torch.randint(0, k, (th, tw))
-    return SegmentedImages(images, masks, torch.arange(len(sizes)), pad, tuple(sizes), tuple(mask_sizes))
+    images = [torch.randn(3, h, w) for h, w in sizes]
+    masks = [torch.randint(0, k, size) for size in mask_sizes]
+    return pad_collate([SegmentedImages(x, m, i) for i, (x, m) in enumerate(zip(images, masks, strict=True))])
 
 
 def test_training_step_is_pixel_cross_entropy_ignoring_255():

@@ -20,6 +20,7 @@ from timm.models.resnetv2 import ResNetV2, create_resnetv2_stem
 from torch import nn
 
 from vitdense.backbone.pos_embed import GridSize
+from vitdense.types import ImageSizes
 
 
 def resnetv2_stem(layers: Sequence[int], in_chans: int = 3) -> tuple[nn.Module, int, int]:
@@ -54,9 +55,11 @@ class HybridEmbed(nn.Module):
     The CNN pads 'SAME' at each stride, so an H x W image gives a ceil(H/s) x ceil(W/s)
     map; the map is zero-padded right/bottom to a multiple of P.
 
-    Note: group norm inside the CNN normalises over the whole (padded) image, so, unlike
-    the plain patch embedding, an image's hybrid features depend slightly on how much
-    padding its batch adds around it.
+    In a padded batch the CNN sees each image at its own size: its group norms take
+    statistics over a whole feature map and its 'SAME' convolutions pad by the input's
+    size, so the batch's padding would otherwise change every image's features. Images of
+    equal size run together (a training batch of crops is one call); the token maps are
+    then zero-padded to the batch's grid, whose padding tokens the encoder masks out.
     """
 
     def __init__(
@@ -83,8 +86,25 @@ class HybridEmbed(nn.Module):
         if hasattr(self.backbone, "set_grad_checkpointing"):  # the stem-only CNN has none
             self.backbone.set_grad_checkpointing(enable)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] -> [B, h, w, D]."""
+    def forward(self, x: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
+        """[B, C, H, W] images with their `ImageSizes` -> [B, h, w, D] tokens, each image
+        encoded as if alone (h, w: the batch's grid)."""
+        if image_sizes is None or not image_sizes.has_padding:
+            return self._embed(x)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, size in enumerate(image_sizes.sizes):
+            groups.setdefault(size, []).append(i)
+        gh, gw = image_sizes.at_stride(self.reduction).grid
+        out = None
+        for (h, w), members in groups.items():
+            tokens = self._embed(x[members, :, :h, :w])  # [n, h_i, w_i, D]
+            if out is None:
+                out = tokens.new_zeros(x.shape[0], gh, gw, tokens.shape[-1])
+            out[members, : tokens.shape[1], : tokens.shape[2]] = tokens
+        return out
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, C, H, W] unpadded images -> [B, ceil(H/r), ceil(W/r), D]."""
         x = self.backbone(x)
         ph, pw = self.patch_size
         pad_h, pad_w = -x.shape[-2] % ph, -x.shape[-1] % pw

@@ -2,9 +2,10 @@
 
 Parameter names follow timm's state dicts (`patch_embed.proj`, `cls_token`, `pos_embed`,
 `blocks.N.attn.qkv`, `norm`), so a timm checkpoint loads without renaming. Unlike timm's
-model, the encoder takes images of any size in one batch: a pixel padding mask marks the
-padding, every image gets position embeddings resampled to its own patch grid, and
-attention ignores padded tokens, so an image's features do not depend on its batch-mates.
+model, the encoder takes images of any size in one batch: the batch's `ImageSizes` says
+where each image ends, every image gets position embeddings resampled to its own patch
+grid, and attention ignores padding tokens, so an image's features do not depend on its
+batch-mates.
 """
 
 from __future__ import annotations
@@ -20,8 +21,23 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitdense.backbone.pos_embed import GridSize, PosEmbed
+from vitdense.types import ImageSizes
 
 AttnImpl = Literal["auto", "sdpa", "math"]
+
+
+def fused_attention(x: torch.Tensor) -> bool:
+    """Whether attention over `x` should take torch's fused `scaled_dot_product_attention`
+    rather than an explicit softmax(QK^T)V: everywhere except in bfloat16 on CPU, where the
+    explicit path is faster (measured: `python -m vitdense.bench backbone --precision bf16`,
+    README). bfloat16 means the tensor's dtype or, under CPU autocast, the autocast dtype
+    (`nn.MultiheadAttention` receives fp32 inputs and computes in bf16). The one rule for
+    the backbone's `Attention` and the DETR layers."""
+    if x.device.type != "cpu":
+        return True
+    if x.dtype == torch.bfloat16:
+        return False
+    return not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
 
 class ViTFeatures(NamedTuple):
@@ -32,8 +48,8 @@ class ViTFeatures(NamedTuple):
         patch_tokens: [B, N, D] patch tokens after the final norm, row-major over
             `grid_size` (N = h * w). Padding tokens are zero.
         grid_size: (h, w) patch grid of the (padded) batch.
-        padding_mask: [B, N] True on tokens that cover only padding; None when the batch
-            has no padding tokens.
+        image_sizes: the batch's `ImageSizes` at the patch stride (`grid_size` is its
+            `grid`); heads derive token masks and valid ratios from it.
         prefix_tokens: [B, P, D] all prefix tokens after the final norm, in order class,
             distillation, registers (P may be 0).
         intermediates: [B, P + N, D] raw outputs (before the final norm) of the requested
@@ -44,7 +60,7 @@ class ViTFeatures(NamedTuple):
     cls_token: torch.Tensor | None
     patch_tokens: torch.Tensor
     grid_size: GridSize
-    padding_mask: torch.Tensor | None
+    image_sizes: ImageSizes
     prefix_tokens: torch.Tensor
     intermediates: tuple[torch.Tensor, ...] = ()
     attentions: tuple[torch.Tensor, ...] = ()
@@ -53,6 +69,12 @@ class ViTFeatures(NamedTuple):
         """Patch tokens as a feature map: [B, D, h, w]."""
         b, _, d = self.patch_tokens.shape
         return self.patch_tokens.transpose(1, 2).reshape(b, d, *self.grid_size)
+
+    def padding(self) -> torch.Tensor | None:
+        """[B, N] bool, True on patch tokens that cover only padding; None without any."""
+        if not self.image_sizes.has_padding:
+            return None
+        return self.image_sizes.mask(self.patch_tokens.device).flatten(1)
 
 
 class PatchEmbed(nn.Module):
@@ -78,8 +100,9 @@ class PatchEmbed(nn.Module):
         """Token grid of an image of this size."""
         return math.ceil(height / self.patch_size[0]), math.ceil(width / self.patch_size[1])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] -> [B, h, w, D]."""
+    def forward(self, x: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
+        """[B, C, H, W] -> [B, h, w, D]. Needs no `image_sizes`: the batch's zero padding is
+        what an image alone is padded with to a multiple of P."""
         ph, pw = self.patch_size
         pad_h, pad_w = -x.shape[-2] % ph, -x.shape[-1] % pw
         if pad_h or pad_w:
@@ -90,9 +113,8 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention with a key padding mask.
 
-    `attn_impl="auto"` picks torch's fused `scaled_dot_product_attention` except for
-    bfloat16 on CPU, where the explicit softmax(QK^T)V is faster (measured with
-    `python -m vitdense.bench backbone --precision bf16`; see README).
+    `attn_impl="auto"` follows `fused_attention`: torch's fused kernel except in bfloat16
+    on CPU.
     """
 
     def __init__(
@@ -118,7 +140,7 @@ class Attention(nn.Module):
 
     def _use_sdpa(self, q: torch.Tensor) -> bool:
         if self.attn_impl == "auto":
-            return not (q.dtype == torch.bfloat16 and q.device.type == "cpu")
+            return fused_attention(q)
         return self.attn_impl == "sdpa"
 
     def forward(
@@ -205,7 +227,8 @@ class VisionTransformer(nn.Module):
         norm_eps: LayerNorm epsilon (timm and the JAX code use 1e-6).
         attn_impl: "auto", "sdpa" (fused) or "math" (explicit softmax).
         patch_embed: a replacement patch embedding, e.g. `HybridEmbed` (ResNet stem); it must
-            map [B, C, H, W] to [B, h, w, embed_dim] and offer `reduction` and `grid_for`.
+            map ([B, C, H, W], `ImageSizes`) to [B, h, w, embed_dim] and offer `reduction`
+            and `grid_for`.
     """
 
     def __init__(
@@ -335,55 +358,26 @@ class VisionTransformer(nn.Module):
         return {n for n, p in self.named_parameters() if n in tokens or p.ndim <= 1}
 
     # --------------------------------------------------------------------------- forward
-    def _token_grids(
-        self, pad_mask: torch.Tensor | None, image_sizes: Sequence[tuple[int, int]] | None, batch: int
-    ) -> list[GridSize] | None:
-        """Per-image token grids from each image's unpadded (H, W), or else from a pixel
-        padding mask [B, H, W] (True on padding).
-
-        Images are assumed top-left aligned, padded right and bottom (as collate does).
-        Sizes given as Python ints cost nothing; a mask is read back to the host (on a GPU,
-        a synchronisation every step), so batches carry `image_sizes`.
-        """
-        if image_sizes is None:
-            if pad_mask is None:
-                return None
-            if pad_mask.shape[0] != batch:
-                raise ValueError(f"pad_mask has batch {pad_mask.shape[0]}, images have {batch}")
-            valid = ~pad_mask
-            image_sizes = torch.stack([valid.any(2).sum(1), valid.any(1).sum(1)], 1).tolist()
-        if len(image_sizes) != batch:
-            raise ValueError(f"image_sizes has {len(image_sizes)} entries, images have {batch}")
-        return [self.patch_embed.grid_for(int(h), int(w)) for h, w in image_sizes]
-
-    def _pos_embed(self, x: torch.Tensor, grids: list[GridSize] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _pos_embed(self, x: torch.Tensor, image_sizes: ImageSizes) -> torch.Tensor:
         """Add position embeddings and prepend prefix tokens.
 
-        x: [B, h, w, D] patch embeddings. Returns [B, P + h*w, D] and the token padding
-        mask [B, h*w] (None without padding). Each image gets the table resampled to its
-        own grid, zero on its padding.
+        x: [B, h, w, D] patch embeddings; image_sizes at the patch stride. Returns
+        [B, P + h*w, D]: each image gets the table resampled to its own grid, zero on its
+        padding.
         """
         b, h, w, d = x.shape
         p = self.pos_embed_resampler.num_prefix_tokens
-        token_mask = None
-        if grids is None or all(g == (h, w) for g in grids):
+        if not image_sizes.has_padding:
             table = self.pos_embed_resampler.resample(self.pos_embed, (h, w))
             prefix_pos, patch_pos = table[:, :p], table[:, p:]
         else:
-            rows = torch.arange(h, device=x.device)
-            cols = torch.arange(w, device=x.device)
-            limits = torch.tensor(grids, device=x.device)
-            beyond_rows = rows[None, :, None] >= limits[:, 0, None, None]
-            beyond_cols = cols[None, None, :] >= limits[:, 1, None, None]
-            token_mask = beyond_rows | beyond_cols  # [B, h, w]
             tables = {}
-            for g in dict.fromkeys(grids):
+            for g in dict.fromkeys(image_sizes.grids):
                 table = self.pos_embed_resampler.resample(self.pos_embed, g)
                 prefix_pos = table[:, :p]
                 patch = table[:, p:].reshape(1, g[0], g[1], d)
                 tables[g] = F.pad(patch, (0, 0, 0, w - g[1], 0, h - g[0]))
-            patch_pos = torch.cat([tables[g] for g in grids]).reshape(b, h * w, d)
-            token_mask = token_mask.reshape(b, h * w)
+            patch_pos = torch.cat([tables[g] for g in image_sizes.grids]).reshape(b, h * w, d)
         x = x.reshape(b, h * w, d)
         prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if self.no_embed_class:
@@ -391,34 +385,41 @@ class VisionTransformer(nn.Module):
         else:
             pos = torch.cat([prefix_pos.expand(patch_pos.shape[0], -1, -1), patch_pos], 1) if p else patch_pos
             x = torch.cat([*prefix, x], dim=1) + pos
-        return self.pos_drop(x), token_mask
+        return self.pos_drop(x)
 
     def forward(
         self,
         x: torch.Tensor,
-        pad_mask: torch.Tensor | None = None,
+        image_sizes: ImageSizes | None = None,
         intermediates: Sequence[int] = (),
         attentions: Sequence[int] = (),
-        image_sizes: Sequence[tuple[int, int]] | None = None,
     ) -> ViTFeatures:
         """Encode a batch.
 
         Args:
-            x: [B, C, H, W] images (any H, W).
-            pad_mask: [B, H, W] bool, True on padding pixels; images top-left aligned.
+            x: [B, C, H, W] images (any H, W), each top-left aligned and zero-padded right
+                and bottom.
+            image_sizes: the batch's `ImageSizes` (as `pad_collate` makes it); None: no
+                image is padded.
             intermediates: block indices (negative from the end) whose raw outputs to return.
             attentions: block indices whose attention maps to return (computed unfused).
-            image_sizes: (H, W) of each image before padding, as Python ints; preferred
-                over `pad_mask` (which must then be read back from the device).
         """
-        grids = self._token_grids(pad_mask, image_sizes, x.shape[0])
-        tokens = self.patch_embed(x)
+        b, _, height, width = x.shape
+        if image_sizes is None:
+            image_sizes = ImageSizes.full(b, (height, width))
+        elif len(image_sizes.sizes) != b or tuple(image_sizes.padded) != (height, width):
+            raise ValueError(
+                f"image_sizes describe {len(image_sizes.sizes)} images padded to {tuple(image_sizes.padded)}, "
+                f"but the batch is {b} images of {height} x {width}"
+            )
+        tokens = self.patch_embed(x, image_sizes)
         grid = (tokens.shape[1], tokens.shape[2])
-        x, token_mask = self._pos_embed(tokens, grids)
+        image_sizes = image_sizes.at_stride(self.patch_size)
+        x = self._pos_embed(tokens, image_sizes)
         attn_mask = None
-        if token_mask is not None:
-            keep = F.pad(~token_mask, (self.num_prefix_tokens, 0), value=True)
-            attn_mask = keep[:, None, None, :]
+        if image_sizes.has_padding:
+            keep = ~image_sizes.mask(x.device).flatten(1)  # [B, N]: padding tokens are no keys
+            attn_mask = F.pad(keep, (self.num_prefix_tokens, 0), value=True)[:, None, None, :]
 
         for i in (*intermediates, *attentions):
             if not -self.depth <= i < self.depth:
@@ -439,13 +440,13 @@ class VisionTransformer(nn.Module):
 
         p = self.num_prefix_tokens
         prefix, patches = x[:, :p], x[:, p:]
-        if token_mask is not None:
-            patches = patches.masked_fill(token_mask[..., None], 0.0)
+        if attn_mask is not None:
+            patches = patches.masked_fill(~attn_mask[:, 0, 0, p:, None], 0.0)
         return ViTFeatures(
             cls_token=prefix[:, 0] if self.cls_token is not None else None,
             patch_tokens=patches,
             grid_size=grid,
-            padding_mask=token_mask,
+            image_sizes=image_sizes,
             prefix_tokens=prefix,
             intermediates=tuple(outs[i % self.depth] for i in intermediates),
             attentions=tuple(attns[i % self.depth] for i in attentions),

@@ -16,10 +16,12 @@ def pool_tokens(features: ViTFeatures, pool: Literal["token", "avg"]) -> torch.T
         if features.cls_token is None:
             raise ValueError("pool='token' needs a backbone with a class token; use pool='avg'")
         return features.cls_token
-    if features.padding_mask is None:
-        return features.patch_tokens.mean(dim=1)
-    valid = (~features.padding_mask).unsqueeze(-1).to(features.patch_tokens.dtype)  # [B, N, 1]
-    return (features.patch_tokens * valid).sum(1) / valid.sum(1).clamp(min=1)
+    tokens = features.patch_tokens
+    if not features.image_sizes.has_padding:
+        return tokens.mean(dim=1)
+    # padding tokens are zero: sum every token, divide by each image's own token count
+    counts = torch.tensor([h * w for h, w in features.image_sizes.grids], device=tokens.device)
+    return tokens.sum(1) / counts[:, None].to(tokens.dtype)
 
 
 class ClassificationHead(nn.Module):

@@ -34,33 +34,40 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitdense.backbone import ViTFeatures
-from vitdense.types import DetectionOutput
+from vitdense.backbone.vit import fused_attention
+from vitdense.types import DetectionOutput, ImageSizes
 
 
 def sine_position_embedding(
-    valid: torch.Tensor, num_pos_feats: int = 128, temperature: float = 10000.0, scale: float = 2 * math.pi
+    image_sizes: ImageSizes,
+    num_pos_feats: int = 128,
+    temperature: float = 10000.0,
+    scale: float = 2 * math.pi,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """DETR's 2D sine position encoding of a (possibly padded) grid.
 
-    Row and column positions are the cumulative sums of the valid area, divided by the
-    image's own extent and multiplied by `scale`, so that each image's positions span
-    (0, scale] whatever padding surrounds it.
+    The position of row r (column c) is (r + 1) divided by the image's own height (width)
+    in tokens and multiplied by `scale` — what DETR computes as the cumulative sum of its
+    mask's valid area —, so that each image's positions span (0, scale] whatever padding
+    surrounds it; padding rows and columns repeat the last one.
 
     Args:
-        valid: [B, h, w] bool, True on tokens of the image (False on padding).
+        image_sizes: the batch at the token stride (`ViTFeatures.image_sizes`).
         num_pos_feats: features per axis (half the model width).
 
     Returns:
         [B, h * w, 2 * num_pos_feats]: the y features, then the x features, each
         interleaving sin and cos of the position over geometric frequencies.
     """
-    not_mask = valid.float()
-    y_embed = not_mask.cumsum(1)
-    x_embed = not_mask.cumsum(2)
+    h, w = image_sizes.grid
+    extent = torch.tensor(image_sizes.grids, dtype=torch.float32, device=device)  # [B, 2]
     eps = 1e-6
-    y_embed = y_embed / (y_embed[:, -1:, :] + eps) * scale
-    x_embed = x_embed / (x_embed[:, :, -1:] + eps) * scale
-    dim_t = torch.arange(num_pos_feats, dtype=torch.float32, device=valid.device)
+    rows = torch.arange(1, h + 1, dtype=torch.float32, device=device)[None, :].minimum(extent[:, :1])  # [B, h]
+    cols = torch.arange(1, w + 1, dtype=torch.float32, device=device)[None, :].minimum(extent[:, 1:])  # [B, w]
+    y_embed = (rows / (extent[:, :1] + eps) * scale)[:, :, None].expand(-1, h, w)
+    x_embed = (cols / (extent[:, 1:] + eps) * scale)[:, None, :].expand(-1, h, w)
+    dim_t = torch.arange(num_pos_feats, dtype=torch.float32, device=device)
     dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_pos_feats)
     pos_x = x_embed[..., None] / dim_t
     pos_y = y_embed[..., None] / dim_t
@@ -100,15 +107,14 @@ class BoxRelativePositionBias(nn.Module):
         # fine steps near the box edges, coarse ones far from them (Plain-DETR's log-space)
         return torch.sign(delta) * torch.log2(delta.abs() * 8 + 1) / 3
 
-    def forward(self, boxes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """boxes [B, Q, 4] (cx, cy, w, h) in [0, 1]; valid [B, h, w] bool (True on the
-        image) -> bias [B * num_heads, Q, h * w], as `nn.MultiheadAttention`'s attn_mask."""
+    def forward(self, boxes: torch.Tensor, image_sizes: ImageSizes) -> torch.Tensor:
+        """boxes [B, Q, 4] (cx, cy, w, h) in [0, 1]; image_sizes at the token stride ->
+        bias [B * num_heads, Q, h * w], as `nn.MultiheadAttention`'s attn_mask."""
         b, q, _ = boxes.shape
-        _, h, w = valid.shape
+        h, w = image_sizes.grid
         x1y1x2y2 = torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], -1)
-        # token centres in units of each image's own valid extent (padding lies beyond 1)
-        rows = valid.any(2).sum(1).clamp(min=1).to(boxes.dtype)  # [B]
-        cols = valid.any(1).sum(1).clamp(min=1).to(boxes.dtype)
+        # token centres in units of each image's own extent (padding lies beyond 1)
+        rows, cols = torch.tensor(image_sizes.grids, device=boxes.device, dtype=boxes.dtype).unbind(1)  # [B]
         ys = (torch.arange(h, device=boxes.device, dtype=boxes.dtype) + 0.5)[None] / rows[:, None]  # [B, h]
         xs = (torch.arange(w, device=boxes.device, dtype=boxes.dtype) + 0.5)[None] / cols[:, None]  # [B, w]
         dx = x1y1x2y2[..., None, 0::2] - xs[:, None, :, None]  # [B, Q, w, 2]
@@ -133,20 +139,6 @@ class MLP(nn.Module):
         return x
 
 
-def explicit_attention(x: torch.Tensor) -> bool:
-    """Whether `nn.MultiheadAttention` should take its explicit softmax path (`need_weights=True`)
-    rather than the fused `scaled_dot_product_attention` (`need_weights=False`).
-
-    The backbone's `attn_impl="auto"` rule: fused, except in bfloat16 on CPU, where the
-    explicit path is faster. (A decoder layer at COCO size, fp32 on an AVX2 CPU, trained 13%
-    faster fused: 242 vs 277 ms forward + backward.)
-    """
-    if x.device.type != "cpu":
-        return False
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype
-    return dtype == torch.bfloat16
-
-
 class DETREncoderLayer(nn.Module):
     """Post-norm self-attention + FFN over the memory; positions added to queries and keys."""
 
@@ -159,10 +151,11 @@ class DETREncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, src: torch.Tensor, pos: torch.Tensor, key_padding_mask: torch.Tensor | None) -> torch.Tensor:
-        """src, pos [B, N, d]; key_padding_mask [B, N] True on padding -> [B, N, d]."""
+    def forward(self, src: torch.Tensor, pos: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
+        """src, pos [B, N, d]; padding [B, N] True on padding tokens -> [B, N, d]."""
         q = k = src + pos
-        attn = self.self_attn(q, k, src, key_padding_mask=key_padding_mask, need_weights=explicit_attention(src))[0]
+        # need_weights=True takes nn.MultiheadAttention's explicit path, False the fused kernel
+        attn = self.self_attn(q, k, src, key_padding_mask=padding, need_weights=not fused_attention(src))[0]
         src = self.norm1(src + self.dropout(attn))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
         return self.norm2(src + self.dropout(ffn))
@@ -188,29 +181,28 @@ class DETRDecoderLayer(nn.Module):
         query_pos: torch.Tensor,
         memory: torch.Tensor,
         pos: torch.Tensor,
-        memory_padding_mask: torch.Tensor | None,
+        padding: torch.Tensor | None,
         self_attn_mask: torch.Tensor | None = None,
         cross_attn_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tgt, query_pos [B, Q, d]; memory, pos [B, N, d]; memory_padding_mask [B, N] True on
-        padding; self_attn_mask [Q, Q] True where a query may not look (other groups);
+        """tgt, query_pos [B, Q, d]; memory, pos [B, N, d]; padding [B, N] True on padding
+        tokens of the memory; self_attn_mask [Q, Q] True where a query may not look (other groups);
         cross_attn_bias [B * heads, Q, N] added to the cross-attention logits."""
         q = k = tgt + query_pos
-        explicit = explicit_attention(tgt)
+        explicit = not fused_attention(tgt)
         attn = self.self_attn(q, k, tgt, attn_mask=self_attn_mask, need_weights=explicit)[0]
         tgt = self.norm1(tgt + self.dropout(attn))
-        if cross_attn_bias is not None and memory_padding_mask is not None:
+        if cross_attn_bias is not None and padding is not None:
             # one float mask: nn.MultiheadAttention would otherwise combine a bool and a float mask
             cross_attn_bias = cross_attn_bias.masked_fill(
-                memory_padding_mask.repeat_interleave(cross_attn_bias.shape[0] // tgt.shape[0], 0)[:, None, :],
-                float("-inf"),
+                padding.repeat_interleave(cross_attn_bias.shape[0] // tgt.shape[0], 0)[:, None, :], float("-inf")
             )
-            memory_padding_mask = None
+            padding = None
         attn = self.cross_attn(
             tgt + query_pos,
             memory + pos,
             memory,
-            key_padding_mask=memory_padding_mask,
+            key_padding_mask=padding,
             attn_mask=cross_attn_bias,
             need_weights=explicit,
         )[0]
@@ -296,17 +288,15 @@ class DETRHead(nn.Module):
         return group[:, None] != group[None, :]
 
     def forward(self, features: ViTFeatures) -> DetectionOutput:
-        """ViTFeatures (patch tokens [B, N, D] on grid (h, w), padding mask [B, N]) ->
+        """ViTFeatures (patch tokens [B, N, D] on grid (h, w), the batch's image sizes) ->
         `DetectionOutput` with logits [B, G*Q, K + 1] and boxes [B, G*Q, 4]; G is
         `num_groups` in training and 1 in evaluation."""
         tokens = features.patch_tokens
         b = tokens.shape[0]
-        h, w = features.grid_size
-        padding = features.padding_mask
-        valid = (
-            torch.ones(b, h, w, dtype=torch.bool, device=tokens.device) if padding is None else ~padding.view(b, h, w)
+        padding = features.padding()
+        pos = sine_position_embedding(features.image_sizes, self.input_proj.out_features // 2, device=tokens.device).to(
+            tokens.dtype
         )
-        pos = sine_position_embedding(valid, self.input_proj.out_features // 2).to(tokens.dtype)
         memory = self.input_proj(tokens)
         for layer in self.encoder:
             memory = layer(memory, pos, padding)
@@ -318,7 +308,7 @@ class DETRHead(nn.Module):
         outputs, boxes = [], []
         reference = self.ref_point(query_pos).sigmoid() if self.box_bias else None
         for i, layer in enumerate(self.decoder):
-            bias = self.rpb[i](reference, valid).to(tgt.dtype) if reference is not None else None
+            bias = self.rpb[i](reference, features.image_sizes).to(tgt.dtype) if reference is not None else None
             tgt = layer(tgt, query_pos, memory, pos, padding, self_attn_mask, bias)
             out = self.decoder_norm(tgt)
             outputs.append(out)

@@ -7,15 +7,15 @@ from torch import nn
 
 from vitdense.backbone import VisionTransformer, ViTFeatures
 from vitdense.heads.classification import pool_tokens
+from vitdense.types import ImageSizes
 
 
 def probe_features(
     backbone: VisionTransformer,
     images: torch.Tensor,
-    pad_mask: torch.Tensor | None,
+    image_sizes: ImageSizes | None,
     n_last_blocks: int,
     avgpool: bool,
-    image_sizes: tuple[tuple[int, int], ...] | None = None,
 ) -> torch.Tensor:
     """[B, F] probe input: the class tokens of the last `n_last_blocks` blocks (each through
     the final norm, as DINOv2's `get_intermediate_layers(norm=True)`), concatenated, and
@@ -25,7 +25,7 @@ def probe_features(
     class token of MAE's linear probe.
     """
     blocks = tuple(range(-n_last_blocks, 0)) if n_last_blocks > 1 else ()
-    f: ViTFeatures = backbone(images, pad_mask=pad_mask, intermediates=blocks, image_sizes=image_sizes)
+    f: ViTFeatures = backbone(images, image_sizes, intermediates=blocks)
     if f.cls_token is None:
         raise ValueError("the linear probe reads class tokens; this backbone has none")
     parts = [backbone.norm(x[:, 0]) for x in f.intermediates[:-1]] + [f.cls_token]

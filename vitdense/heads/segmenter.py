@@ -101,10 +101,10 @@ class MaskTransformerDecoder(nn.Module):
         b, n, _ = patches.shape
         x = torch.cat([patches, self.cls_emb.expand(b, -1, -1)], dim=1)  # [B, N + K, d]
         attn_mask = None
-        if features.padding_mask is not None:
-            # padded patches are no keys; class embeddings always are
-            keep = F.pad(~features.padding_mask, (0, self.num_classes), value=True)
-            attn_mask = keep[:, None, None, :]
+        padding = features.padding()
+        if padding is not None:
+            # padding patches are no keys; class embeddings always are
+            attn_mask = F.pad(~padding, (0, self.num_classes), value=True)[:, None, None, :]
         for block in self.blocks:
             x, _ = block(x, attn_mask)
         x = self.decoder_norm(x)

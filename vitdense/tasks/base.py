@@ -42,7 +42,7 @@ from torchmetrics import MetricCollection
 from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.errors import ConfigError
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, WarmupSchedule, param_groups
-from vitdense.types import Losses
+from vitdense.types import ImageSizes, Losses
 
 Stage = Literal["train", "val", "test", "predict"]
 
@@ -253,7 +253,7 @@ class BaseTask(L.LightningModule):
     def forward_batch(self, batch: Any, stage: Stage) -> Any:
         """Task output for a batch (override to use more of the batch than its images, or
         to behave differently per stage)."""
-        return self(batch.image, image_sizes=getattr(batch, "image_sizes", None))
+        return self(batch.image, getattr(batch, "image_sizes", None))
 
     def compute_loss(self, output: Any, batch: Any, stage: Stage) -> Losses:
         raise NotImplementedError
@@ -285,13 +285,8 @@ class BaseTask(L.LightningModule):
         """
         return []
 
-    def forward(
-        self,
-        images: torch.Tensor,
-        pad_mask: torch.Tensor | None = None,
-        image_sizes: tuple[tuple[int, int], ...] | None = None,
-    ) -> Any:
-        return self.head(self.backbone(images, pad_mask=pad_mask, image_sizes=image_sizes))
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> Any:
+        return self.head(self.backbone(images, image_sizes))
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""

@@ -94,8 +94,8 @@ class ClassificationTask(BaseTask):
             if images.shape[0] % 2:
                 raise ConfigError("Mixup/CutMix need an even batch size (the train loader drops the last batch)")
             images, targets = self.mixup(images, batch.label)
-            return ClassificationOutput(self(images, image_sizes=batch.image_sizes), targets)
-        return ClassificationOutput(self(images, image_sizes=batch.image_sizes), None)
+            return ClassificationOutput(self(images, batch.image_sizes), targets)
+        return ClassificationOutput(self(images, batch.image_sizes), None)
 
     def compute_loss(self, output: ClassificationOutput, batch: LabeledImages, stage: Stage) -> Losses:
         if output.soft_targets is not None:

@@ -126,7 +126,7 @@ class DetectionTask(BaseTask):
         self.set_metrics(MetricCollection({"map": mean_ap}))
 
     def forward_batch(self, batch: DetectedImages, stage: Stage) -> DetectionOutput:
-        return self(batch.image, batch.pad_mask, batch.image_sizes)
+        return self(batch.image, batch.image_sizes)
 
     def compute_loss(self, output: DetectionOutput, batch: DetectedImages, stage: Stage) -> Losses:
         return self.criterion(output, batch.targets)

@@ -19,7 +19,7 @@ from vitdense.heads import LinearProbeHead, probe_features
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.classification import top_k_prediction
-from vitdense.types import ClassPrediction, LabeledImages, Losses
+from vitdense.types import ClassPrediction, ImageSizes, LabeledImages, Losses
 from vitdense.viz.samples import draw_classified
 
 #: MAE's probe: BatchNorm without affine, then a linear layer
@@ -93,23 +93,13 @@ class LinearProbeTask(BaseTask):
         return self
 
     @torch.no_grad()
-    def extract(
-        self,
-        images: torch.Tensor,
-        pad_mask: torch.Tensor | None = None,
-        image_sizes: tuple[tuple[int, int], ...] | None = None,
-    ) -> torch.Tensor:
+    def extract(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """Probe input [B, F] from the frozen backbone."""
-        return probe_features(self.backbone, images, pad_mask, self.n_last_blocks, self.avgpool, image_sizes)
+        return probe_features(self.backbone, images, image_sizes, self.n_last_blocks, self.avgpool)
 
-    def forward(
-        self,
-        images: torch.Tensor,
-        pad_mask: torch.Tensor | None = None,
-        image_sizes: tuple[tuple[int, int], ...] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """-> logits of every head [H, B, K]."""
-        return self.classify(self.extract(images, pad_mask, image_sizes))
+        return self.classify(self.extract(images, image_sizes))
 
     def classify(self, features: torch.Tensor) -> torch.Tensor:
         return torch.stack([head(features) for head in self.head])
@@ -124,7 +114,7 @@ class LinearProbeTask(BaseTask):
         if all(k in self._cache for k in keys):
             features = torch.stack([self._cache[k] for k in keys]).to(self.device)
         else:
-            features = self.extract(batch.image, image_sizes=batch.image_sizes)
+            features = self.extract(batch.image, batch.image_sizes)
             self._cache.update(zip(keys, features.cpu(), strict=True))
         return self.classify(features)
 

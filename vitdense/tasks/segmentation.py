@@ -25,7 +25,7 @@ from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
-from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
+from vitdense.types import ImageSizes, Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
 from vitdense.viz.samples import draw_segmented
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
@@ -96,18 +96,13 @@ class SegmentationTask(BaseTask):
         self.set_metrics(MetricCollection({"seg": SegmentationMetrics(num_classes, ignore_index)}))
 
     # ---------------------------------------------------------------------------- model
-    def forward(
-        self,
-        images: torch.Tensor,
-        pad_mask: torch.Tensor | None = None,
-        image_sizes: tuple[tuple[int, int], ...] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """Pixel logits [B, K, H, W] for images [B, 3, H, W] of any size.
 
         The decoder's patch-level masks are upsampled (bilinear) to the padded grid's pixels
         and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
         """
-        masks = self.head(self.backbone(images, pad_mask=pad_mask, image_sizes=image_sizes))
+        masks = self.head(self.backbone(images, image_sizes))
         ph, pw = self.backbone.patch_size
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
@@ -116,7 +111,7 @@ class SegmentationTask(BaseTask):
     def segment(self, batch: SegmentedImages, stride: int, scales: list[float], flip: bool) -> list[torch.Tensor]:
         """Per image, logits [1, K, h, w] at its label map's size, from sliding windows."""
         out = []
-        for i, ((h, w), size) in enumerate(zip(batch.image_sizes, batch.mask_sizes, strict=True)):
+        for i, ((h, w), size) in enumerate(zip(batch.image_sizes.sizes, batch.mask_sizes.sizes, strict=True)):
             image = batch.image[i : i + 1, :, :h, :w]
             out.append(
                 segment_image(
@@ -129,12 +124,12 @@ class SegmentationTask(BaseTask):
         """Training: logits of the batch's crops. Validation: whole images in sliding windows
         at `val_stride`. Test and predict: `test_stride` with the test-time augmentation."""
         if stage == "train":
-            return SegmentationOutput([self(batch.image, image_sizes=batch.image_sizes)], [batch.mask])
+            return SegmentationOutput([self(batch.image, batch.image_sizes)], [batch.mask])
         if stage == "val":
             logits = self.segment(batch, self.val_stride, [1.0], False)
         else:
             logits = self.segment(batch, self.test_stride, self.test_scales, self.test_flip)
-        targets = [batch.mask[i : i + 1, :h, :w] for i, (h, w) in enumerate(batch.mask_sizes)]
+        targets = [batch.mask[i : i + 1, :h, :w] for i, (h, w) in enumerate(batch.mask_sizes.sizes)]
         return SegmentationOutput(logits, targets)
 
     # ------------------------------------------------------------------ loss and metrics
@@ -147,9 +142,9 @@ class SegmentationTask(BaseTask):
             total = total + F.cross_entropy(
                 logits.float(), target, weight=self.class_weights, ignore_index=self.ignore_index, reduction="sum"
             )
-            valid = target[target != self.ignore_index]
+            labelled = target[target != self.ignore_index]
             weight_sum = weight_sum + (
-                self.class_weights[valid].sum() if self.class_weights is not None else valid.numel()
+                self.class_weights[labelled].sum() if self.class_weights is not None else labelled.numel()
             )
         return Losses(total / weight_sum.clamp(min=1))
 

@@ -111,7 +111,7 @@ class ValidationImages(L.Callback):
         cfg = getattr(getattr(pl_module, "backbone", None), "pretrained_cfg", None) or {}
         mean = getattr(datamodule, "mean", None) or cfg.get("mean", IMAGENET_DEFAULT_MEAN)
         std = getattr(datamodule, "std", None) or cfg.get("std", IMAGENET_DEFAULT_STD)
-        pixels = denormalize(batch.image, batch.image_sizes, mean, std)
+        pixels = denormalize(batch.image, batch.image_sizes.sizes, mean, std)
         palette = palette_of(datamodule, pl_module.num_classes)
         with torch.no_grad(), trainer.precision_plugin.val_step_context():
             images = draw(batch, pixels, palette)
