@@ -50,8 +50,8 @@ class SegmentationTask(BaseTask):
         window: sliding-window side in evaluation; None: the backbone's native size.
         val_stride: window stride during training-time validation (None: = window,
             Segmenter's 512/512).
-        test_stride: window stride for `test` and `predict` (None: window * 15/16,
-            Segmenter's 512/480).
+        test_stride: window stride for `test` and `predict` (None: window * 15/16, 512/480
+            as some mmseg configs; Segmenter's own ADE20K evaluation is 512/512).
         test_scales, test_flip: multi-scale / flip test-time augmentation of `test` and
             `predict` (Segmenter's multi-scale: 0.5, 0.75, 1.0, 1.25, 1.5, 1.75 with flip).
         window_batch_size: windows run through the model at once.

@@ -1,0 +1,158 @@
+"""The models themselves, without Lightning: a backbone, a head and the task's own pre- and
+post-processing as plain `nn.Module`s that can be called on a tensor, scripted or exported.
+
+Each task (`vitdense.tasks`) wraps one of these as `task.model` and adds the loss, the
+metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)`.
+
+    images [B, 3, H, W] (+ ImageSizes of a padded batch)
+      ImageClassifier   -> logits [B, K]
+      LinearProbe       -> logits of every probe head [H, B, K]
+      Segmenter         -> pixel logits [B, K, H, W]; `segment` slides windows over whole images
+      DETRDetector      -> DetectionOutput; `detect` -> boxes at each image's original size
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitdense.backbone import VisionTransformer
+from vitdense.heads.linear_probe import probe_features
+from vitdense.inference import segment_image
+from vitdense.types import ImageSizes, Size
+
+
+class ImageClassifier(nn.Module):
+    """backbone + classification head (e.g. `ClassificationHead`): images -> logits [B, K]."""
+
+    def __init__(self, backbone: VisionTransformer, head: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
+        """images [B, 3, H, W] (padded, with their `ImageSizes`) -> logits [B, K]."""
+        return self.head(self.backbone(images, image_sizes))
+
+
+class LinearProbe(nn.Module):
+    """A frozen backbone and linear heads on its class tokens (MAE's and DINOv2's probes).
+
+    Args:
+        backbone: the encoder; frozen and kept in evaluation mode here.
+        heads: one or more heads from the probe features [B, F] to logits [B, K].
+        n_last_blocks: class tokens of this many last blocks are concatenated (DINOv2: 4).
+        avgpool: append the mean patch token of the last block (DINOv2's "avgpool").
+    """
+
+    def __init__(
+        self, backbone: VisionTransformer, heads: nn.ModuleList, n_last_blocks: int = 1, avgpool: bool = False
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = heads
+        self.n_last_blocks = n_last_blocks
+        self.avgpool = avgpool
+        backbone.freeze()
+        backbone.eval()
+        #: the head that validated best, the one that predicts; a buffer, so that checkpoints keep it
+        self.register_buffer("best_head", torch.tensor(0), persistent=True)
+
+    def train(self, mode: bool = True) -> LinearProbe:
+        super().train(mode)
+        self.backbone.eval()  # frozen means frozen: no dropout, no drop path
+        return self
+
+    @torch.no_grad()
+    def extract(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
+        """Probe input [B, F] from the frozen backbone."""
+        return probe_features(self.backbone, images, image_sizes, self.n_last_blocks, self.avgpool)
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, F] -> logits of every head [H, B, K]."""
+        return torch.stack([head(features) for head in self.head])
+
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
+        """images [B, 3, H, W] -> logits of every head [H, B, K] (`best_head` picks one)."""
+        return self.classify(self.extract(images, image_sizes))
+
+
+class Segmenter(nn.Module):
+    """Segmenter (Strudel et al. 2021): pad -> encode -> decode on the patch grid ->
+    upsample -> unpad.
+
+    Args:
+        backbone: the encoder.
+        decoder: `ViTFeatures` -> patch-level logits [B, K, h, w] (`MaskTransformerDecoder`,
+            `LinearDecoder`).
+        num_classes: K.
+        window: side of the sliding windows of `segment` (Segmenter: the training crop).
+    """
+
+    def __init__(self, backbone: VisionTransformer, decoder: nn.Module, num_classes: int, window: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = decoder
+        self.num_classes = num_classes
+        self.window = window
+
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
+        """Pixel logits [B, K, H, W] for images [B, 3, H, W] of any size.
+
+        The decoder's patch-level masks are upsampled (bilinear) to the padded grid's pixels
+        and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
+        Pixels beyond an image's own size (`image_sizes`) are padding.
+        """
+        masks = self.head(self.backbone(images, image_sizes))
+        ph, pw = self.backbone.patch_size
+        h, w = masks.shape[-2:]
+        logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
+        return logits[..., : images.shape[-2], : images.shape[-1]]
+
+    @torch.no_grad()
+    def segment(
+        self,
+        images: torch.Tensor,
+        image_sizes: ImageSizes | None = None,
+        out_sizes: Sequence[Size] | None = None,
+        stride: int | None = None,
+        scales: Sequence[float] = (1.0,),
+        flip: bool = False,
+        window_batch_size: int = 4,
+    ) -> list[torch.Tensor]:
+        """Whole images in sliding windows (mmseg's and Segmenter's evaluation).
+
+        Args:
+            images: [B, 3, H, W], padded, with their `ImageSizes`.
+            out_sizes: (h, w) to resize each image's logits to (e.g. its label map's or its
+                original size); default: its own size.
+            stride: window stride (default: the window, Segmenter's 512/512).
+            scales, flip: test-time augmentation (probabilities averaged, log returned).
+            window_batch_size: windows run through the model at once.
+
+        Returns:
+            per image, logits [1, K, h, w] at its `out_sizes` entry.
+        """
+        if image_sizes is None:
+            image_sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
+        out_sizes = out_sizes or image_sizes.sizes
+        out = []
+        for i, ((h, w), size) in enumerate(zip(image_sizes.sizes, out_sizes, strict=True)):
+            image = images[i : i + 1, :, :h, :w]
+            out.append(
+                segment_image(
+                    self,
+                    image,
+                    size,
+                    self.window,
+                    stride or self.window,
+                    self.num_classes,
+                    scales,
+                    flip,
+                    window_batch_size,
+                )
+            )
+        return out
