@@ -44,6 +44,18 @@ def test_backbone_bit_identical_and_best_of_several_lrs():
     assert int(m["val/best_lr_index"]) == int(m["val/acc1_lr1"] > m["val/acc1_lr0"])
 
 
+def test_test_reports_the_head_validation_picked_not_the_best_on_test():
+    task = LinearProbeTask(num_classes=4, lrs=[1e-3, 1e-1, 1.0], backbone=TINY)
+    task.best_head.fill_(1)  # validation picked the second rate
+    result = {
+        "test/acc1_lr0": torch.tensor(0.9),
+        "test/acc1_lr1": torch.tensor(0.5),
+        "test/acc1_lr2": torch.tensor(0.7),
+    }
+    summary = task.summarize(result, "test")
+    assert summary["test/acc1"] == 0.5 and summary["test/best_lr_index"] == 1
+
+
 def test_backbone_stays_in_eval_mode_while_training():
     task = LinearProbeTask(num_classes=3, backbone=TINY)
     task.train()

@@ -130,13 +130,21 @@ class LinearProbeTask(BaseTask):
             metrics[f"acc1_lr{i}"].update(head_logits, batch.label)
 
     def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
+        """Validation picks the best head (`{stage}/acc1` is its accuracy); every other stage
+        reports the head validation picked, never the best on its own split: choosing the
+        rate on the split that is reported would flatter the probe (hold out part of the
+        training set as validation and `test` on the benchmark's validation set)."""
         accs = torch.stack([result[f"{stage}/acc1_lr{i}"] for i in range(len(self.lrs))])
-        if stage == "val" and not self.trainer.sanity_checking:
-            self.best_head.fill_(accs.argmax())
+        if stage == "val":
+            best = accs.argmax()
+            if not self.trainer.sanity_checking:
+                self.best_head.fill_(best)
+        else:
+            best = self.best_head.to(accs.device)
         return {
             **super().summarize(result, stage),
-            f"{stage}/acc1": accs.max(),
-            f"{stage}/best_lr_index": accs.argmax().float(),
+            f"{stage}/acc1": accs[best],
+            f"{stage}/best_lr_index": best.float(),
         }
 
     def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
