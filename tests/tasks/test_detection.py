@@ -13,6 +13,7 @@ from vitdense.callbacks import COCOResultsWriter
 from vitdense.data import CocoDetection, load_coco, pad_collate, write_synthetic_coco
 from vitdense.data.coco import coco_results
 from vitdense.data.det_transforms import detection_eval_transforms
+from vitdense.errors import NonFiniteError
 from vitdense.heads import DETRHead
 from vitdense.tasks import BackboneConfig, DetectionTask
 from vitdense.types import DetectionOutput
@@ -136,6 +137,18 @@ def test_box_bias_under_padding_and_autocast(coco_val):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model.forward_batch(batch, "val")
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.boxes).all()
+
+
+def test_non_finite_box_names_the_dataset_sample(coco_val):
+    _, dataset = coco_val
+    batch = pad_collate([dataset[i] for i in (5, 1, 4)])
+    i = next(i for i, t in enumerate(batch.targets) if len(t.labels))  # an image that gets matched
+    boxes = torch.full((3, 12, 4), 0.5)
+    boxes[i, 7, 2] = float("nan")
+    with pytest.raises(
+        NonFiniteError, match=rf"train sample {int(batch.index[i])} of the dataset, image {i} .*query 7"
+    ):
+        task().compute_loss(DetectionOutput(torch.zeros(3, 12, 4), boxes), batch, "train")
 
 
 def test_coco_results_writer(coco_val, tmp_path):

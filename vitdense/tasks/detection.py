@@ -21,7 +21,7 @@ from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
 from vitdense.callbacks import COCOResultsWriter
-from vitdense.errors import ConfigError
+from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
 from vitdense.metrics import DetectionMeanAP
@@ -129,7 +129,11 @@ class DetectionTask(BaseTask):
         return self(batch.image, batch.pad_mask, batch.image_sizes)
 
     def compute_loss(self, output: DetectionOutput, batch: DetectedImages, stage: Stage) -> Losses:
-        return self.criterion(output, batch.targets)
+        try:
+            return self.criterion(output, batch.targets)
+        except NonFiniteError as err:  # the matcher knows the batch position; name the image too
+            index = batch.index[err.image] if isinstance(batch.index, torch.Tensor) else batch.index
+            raise NonFiniteError(f"{stage} sample {int(index)} of the dataset, {err}", err.image, err.query) from None
 
     def detections(self, output: DetectionOutput, batch: DetectedImages) -> Detections:
         boxes, scores, labels = postprocess(output, batch.orig_sizes, self.top_k)
