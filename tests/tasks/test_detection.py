@@ -2,10 +2,12 @@
 
 import json
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -13,14 +15,16 @@ from vitdense.callbacks import COCOResultsWriter
 from vitdense.data import CocoDetection, load_coco, pad_collate, write_synthetic_coco
 from vitdense.data.coco import coco_results
 from vitdense.data.det_transforms import detection_eval_transforms
-from vitdense.errors import NonFiniteError
+from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads import DETRHead
 from vitdense.tasks import BackboneConfig, DetectionTask
+from vitdense.tasks.detection import postprocess
 from vitdense.types import DetectionOutput
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8})
 SMALL_HEAD = partial(DETRHead, hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=12, dec_layers=2)
 MEAN = STD = (0.5, 0.5, 0.5)
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 @pytest.fixture
@@ -87,6 +91,48 @@ def test_map_equals_pycocotools_on_the_original_annotations(coco_val, backend, m
     assert 0.05 < evaluator.stats[0] < 0.95  # a figure with something to compare
     for k, reference in zip(keys, evaluator.stats, strict=True):
         assert ours[f"val/{k}"].item() == pytest.approx(reference, abs=1e-6), k
+
+
+def detr_postprocess(logits, boxes, sizes):
+    """DETR's `PostProcess` (models/detr.py), written out: per query, the most probable real
+    class and its probability; boxes (cx, cy, w, h) -> (x1, y1, x2, y2) times (W, H, W, H)."""
+    prob = torch.softmax(logits, -1)
+    scores, labels = prob[..., :-1].max(-1)
+    cx, cy, w, h = boxes.unbind(-1)
+    xyxy = torch.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], -1)
+    scale = torch.tensor([[width, height, width, height] for height, width in sizes], dtype=torch.float32)
+    return xyxy * scale[:, None, :], scores, labels
+
+
+def test_per_query_selection_is_detrs_postprocess():
+    torch.manual_seed(1)
+    logits, boxes = 3 * torch.randn(2, 12, 5), torch.rand(2, 12, 4) * 0.5 + 0.25
+    sizes = [(40, 60), (480, 640)]
+    found = postprocess(DetectionOutput(logits, boxes), sizes)  # the default: DETR's
+    ref_boxes, ref_scores, ref_labels = detr_postprocess(logits, boxes, sizes)
+    for i in range(2):
+        assert found[0][i].shape == (12, 4) and found[1][i].shape == (12,)
+        order = ref_scores[i].argsort(descending=True, stable=True)  # every query kept, best first
+        assert torch.all(found[1][i][:-1] >= found[1][i][1:])
+        torch.testing.assert_close(found[1][i], ref_scores[i, order], rtol=0, atol=1e-7)
+        assert found[2][i].tolist() == ref_labels[i, order].tolist()
+        torch.testing.assert_close(found[0][i], ref_boxes[i, order], rtol=1e-6, atol=1e-4)
+    # top_k: the best (query, class) pairs, so one query may give two classes
+    boxes_k, scores_k, labels_k = postprocess(DetectionOutput(logits, boxes), sizes, "top_k", top_k=30)
+    probs = torch.softmax(logits, -1)[..., :-1]
+    for i in range(2):
+        assert boxes_k[i].shape == (30, 4) and labels_k[i].shape == (30,)
+        torch.testing.assert_close(scores_k[i], probs[i].flatten().sort(descending=True).values[:30])
+    assert len(postprocess(DetectionOutput(logits, boxes), sizes, "top_k", top_k=100)[1][0]) == 12 * 4
+    with pytest.raises(ConfigError, match="selection"):
+        DetectionTask(num_classes=3, head=SMALL_HEAD, backbone=TINY, selection="top")
+
+
+def test_configs_say_which_selection():
+    """DETR's recipe reads detections as DETR does; the demo keeps its published top-k."""
+    det = yaml.safe_load((CONFIGS / "det_coco.yaml").read_text())["model"]["init_args"]
+    demo = yaml.safe_load((CONFIGS / "demo_det.yaml").read_text())["model"]["init_args"]
+    assert det.get("selection", "per_query") == "per_query" and demo["selection"] == "top_k"
 
 
 def test_detections_do_not_depend_on_the_batch(coco_val):
