@@ -1,6 +1,7 @@
 """DetectionTask: COCO AP equal to pycocotools' own, batch-independent detections, COCO export."""
 
 import json
+import math
 from functools import partial
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from vitdense.data.coco import coco_results
 from vitdense.data.det_transforms import detection_eval_transforms
 from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads import DETRHead
+from vitdense.heads.detr import inverse_sigmoid
 from vitdense.tasks import BackboneConfig, DetectionTask
 from vitdense.tasks.detection import postprocess
 from vitdense.types import DetectionOutput
@@ -183,6 +185,55 @@ def test_box_bias_under_padding_and_autocast(coco_val):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model.forward_batch(batch, "val")
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.boxes).all()
+
+
+@pytest.mark.parametrize("box_bias", [False, True])
+def test_box_path_in_fp32_under_bf16_autocast(box_bias):
+    """Under bf16 autocast the decoder's layers run in bf16, but logits and boxes (and the
+    reference boxes and their refinement) are the fp32 computation on its hidden states: bf16
+    boxes would be up to 2^-9 of the image off, a pixel and more at COCO's sizes."""
+    torch.manual_seed(0)
+    model = task(head=partial(SMALL_HEAD, box_bias=box_bias, dropout=0.0)).eval()
+    head = model.head
+    torch.nn.init.normal_(head.bbox_embed.layers[-1].weight, std=0.1)  # offsets that are not 0
+    hidden, ffn = [], []
+    head.decoder_norm.register_forward_hook(lambda module, args, out: hidden.append(out))
+    head.decoder[0].linear2.register_forward_hook(lambda module, args, out: ffn.append(out))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randn(2, 3, 32, 40))
+    assert ffn[0].dtype == torch.bfloat16  # the decoder's layers did run in bf16
+    assert out.boxes.dtype == out.logits.dtype == torch.float32
+    assert all(b.dtype == lg.dtype == torch.float32 for lg, b in out.aux)
+    hs = torch.stack(hidden).float()  # [L, B, Q, d]: the decoder's outputs the heads saw
+    with torch.no_grad():  # the same heads in fp32, outside autocast
+        logits = head.class_embed(hs)
+        if box_bias:  # iterative refinement from the learned first reference, written out
+            reference, boxes = head.ref_point(head.query_embed.weight).sigmoid().expand(2, -1, -1), []
+            for layer_hidden in hs:
+                reference = torch.sigmoid(torch.log(reference / (1 - reference)) + head.bbox_embed(layer_hidden))
+                boxes.append(reference)
+        else:
+            boxes = head.bbox_embed(hs).sigmoid()
+    torch.testing.assert_close(out.logits, logits[-1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.boxes, boxes[-1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.aux[0][1], boxes[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_near_full_size_box_still_refines_under_bf16():
+    """A side of 0.999 is 1 in bf16, whose inverse sigmoid is inf: the box would stay 1."""
+    assert torch.isfinite(inverse_sigmoid(torch.tensor([0.999, 1.0], dtype=torch.bfloat16))).all()
+    model = task(head=partial(SMALL_HEAD, box_bias=True, dropout=0.0)).eval()
+    head = model.head
+    start = math.log(0.999 / 0.001)
+    with torch.no_grad():  # every query starts at side 0.999; each of the 2 layers shrinks it by -0.5 in logit
+        head.ref_point.weight.zero_()
+        head.ref_point.bias.copy_(torch.tensor([0.0, 0.0, start, start]))
+        head.bbox_embed.layers[-1].bias.copy_(torch.tensor([0.0, 0.0, -0.5, -0.5]))  # weight: 0 at init
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(2, 3, 32, 40))
+    first, last = torch.sigmoid(torch.tensor(start - 0.5)), torch.sigmoid(torch.tensor(start - 1.0))  # 0.9983, 0.9973
+    torch.testing.assert_close(out.aux[0][1][..., 2:], first.expand(2, 12, 2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.boxes[..., 2:], last.expand(2, 12, 2), rtol=0, atol=1e-6)
 
 
 def test_non_finite_box_names_the_dataset_sample(coco_val):
