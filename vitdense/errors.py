@@ -11,3 +11,18 @@ class ConfigError(ValueError):
     """A setting that cannot work as given: an unknown model name, an argument timm does not
     take, a list whose length does not match the classes. The message names the setting
     and the fix."""
+
+
+class NonFiniteError(ValueError):
+    """A model output that is NaN or infinite where a number is needed (training diverged or
+    overflowed). The message names the image and the query, and the fix.
+
+    Attributes:
+        image: the image's position in its batch.
+        query: the query's index among the image's predictions.
+    """
+
+    def __init__(self, message: str, image: int, query: int) -> None:
+        super().__init__(message)
+        self.image = image
+        self.query = query

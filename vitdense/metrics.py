@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torchmetrics.classification import MulticlassConfusionMatrix
@@ -43,16 +44,54 @@ class SegmentationMetrics(MulticlassConfusionMatrix):
         }
 
 
+#: COCOeval's IoU and recall thresholds, made as pycocotools' `Params.setDetParams` makes them
+#: (float64 `np.linspace`): 0.50:0.05:0.95 and 0:0.01:1
+COCO_IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) + 1, endpoint=True).tolist()
+COCO_REC_THRESHOLDS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True).tolist()
+
+
 class DetectionMeanAP(MeanAveragePrecision):
-    """torchmetrics' `MeanAveragePrecision` that several processes can share when they hold
-    different numbers of images.
+    """torchmetrics' `MeanAveragePrecision` with COCOeval's own thresholds, which several
+    processes can share when they hold different numbers of images.
+
+    torchmetrics 1.9 makes its default thresholds with `torch.linspace` in float32 and hands
+    them to COCOeval as such (recall 0.07000000029802322 for 0.07): wherever a class's recall
+    lands exactly on the 0.01 grid (5 or 10 objects of a class in an area range) COCOeval
+    then reads the precision of the next recall point, and the AP differs from COCO's own
+    evaluation. The defaults here are COCO's float64 thresholds; with them every number
+    equals COCOeval's run directly (tested, both backends).
 
     vitdense evaluates every image once, so processes may hold different counts (7 images
     on 2 processes: 4 and 3). torchmetrics gathers a list state element by element, a
     collective per image that then does not match across processes; here each list state is
     gathered whole (`all_gather_object`, on the CPU), in rank order. AP does not depend on
     the order of images.
+
+    Args: as `MeanAveragePrecision`'s; `iou_thresholds` and `rec_thresholds` default to
+    COCO's (`COCO_IOU_THRESHOLDS`, `COCO_REC_THRESHOLDS`).
     """
+
+    def __init__(
+        self,
+        box_format: Literal["xyxy", "xywh", "cxcywh"] = "xyxy",
+        iou_type: Literal["bbox", "segm"] | tuple[Literal["bbox", "segm"], ...] = "bbox",
+        iou_thresholds: list[float] | None = None,
+        rec_thresholds: list[float] | None = None,
+        max_detection_thresholds: list[int] | None = None,
+        class_metrics: bool = False,
+        backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
+        **kwargs: Any,  # torchmetrics' `Metric` options (compute_on_cpu, process_group, ...)
+    ) -> None:
+        super().__init__(
+            box_format=box_format,
+            iou_type=iou_type,
+            iou_thresholds=list(COCO_IOU_THRESHOLDS) if iou_thresholds is None else iou_thresholds,
+            rec_thresholds=list(COCO_REC_THRESHOLDS) if rec_thresholds is None else rec_thresholds,
+            max_detection_thresholds=max_detection_thresholds,
+            class_metrics=class_metrics,
+            backend=backend,
+            **kwargs,
+        )
 
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
         group = process_group or self.process_group

@@ -127,6 +127,20 @@ def test_train_boxes_follow_the_flip_and_resize(tmp_path):
     assert sample.targets.labels.numpy()[mine].tolist() == entry.labels[theirs].tolist()
 
 
+def test_crop_branch_drawn_half_the_time():
+    """DETR's RandomSelect(resize, resize-crop-resize) picks each branch with p = 0.5."""
+    transform = detection_train_transforms(MEAN, STD, scales=[16], max_size=None, crop_scales=[40], crop_size=(10, 10))
+    select = transform.transforms[1]
+    assert select.p == 1.0 and select.transforms_ps == [0.5, 0.5]
+    assert all(branch.p == 1.0 for branch in select.transforms)  # a drawn branch runs whole
+    transform.set_random_seed(0)
+    image = np.zeros((20, 30, 3), dtype=np.uint8)
+    # the plain resize keeps the 2:3 shape (16 x 24); the crop branch makes a 10 x 10 crop square
+    shapes = [tuple(transform(image=image, bboxes=np.zeros((0, 4)), labels=[])["image"].shape[1:]) for _ in range(400)]
+    assert set(shapes) == {(16, 24), (16, 16)}
+    assert 165 <= shapes.count((16, 16)) <= 235  # 200 expected (sd 10); 1/3 of the time gives 133 (sd 9)
+
+
 def test_detr_resize_rule():
     assert short_side_size(480, 640, 800, 1333) == (800, 1066)
     assert short_side_size(400, 1200, 800, 1333) == (444, 1332)  # the long side bounds the short one (DETR rounds down)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from vitdense.errors import NonFiniteError
 from vitdense.losses import HungarianMatcher, SetCriterion
 from vitdense.types import BoxTargets, DetectionOutput
 
@@ -124,3 +125,19 @@ def test_losses_in_fp32_under_autocast():
     assert losses.total.dtype == torch.float32
     # bf16 inputs are rounded, so compare loosely with the fp32 reference
     assert losses.terms["loss_giou"].item() == pytest.approx(DETR_REFERENCE["loss_giou"], abs=0.05)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_box_names_the_image_and_query(bad):
+    """A diverged prediction stops with the image, the query and the fix, not scipy's
+    "matrix contains invalid numeric entries"."""
+    out = output(aux=False)
+    boxes = out.boxes.clone()
+    boxes[2, 3, 1] = bad
+    with pytest.raises(NonFiniteError, match=r"image 2 of the batch, query 3: predicted box .*learning rate") as err:
+        SetCriterion(3)(DetectionOutput(out.logits, boxes), TARGETS)
+    assert (err.value.image, err.value.query) == (2, 3)
+    # an image without targets is never matched: its bad boxes do not stop the others
+    boxes = out.boxes.clone()
+    boxes[1, 0] = bad
+    assert torch.isfinite(SetCriterion(3, aux_loss=False)(DetectionOutput(out.logits, boxes), TARGETS).total)

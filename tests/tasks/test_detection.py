@@ -1,11 +1,14 @@
 """DetectionTask: COCO AP equal to pycocotools' own, batch-independent detections, COCO export."""
 
 import json
+import math
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -13,13 +16,17 @@ from vitdense.callbacks import COCOResultsWriter
 from vitdense.data import CocoDetection, load_coco, pad_collate, write_synthetic_coco
 from vitdense.data.coco import coco_results
 from vitdense.data.det_transforms import detection_eval_transforms
+from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads import DETRHead
+from vitdense.heads.detr import inverse_sigmoid
 from vitdense.tasks import BackboneConfig, DetectionTask
+from vitdense.tasks.detection import postprocess
 from vitdense.types import DetectionOutput
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8})
 SMALL_HEAD = partial(DETRHead, hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=12, dec_layers=2)
 MEAN = STD = (0.5, 0.5, 0.5)
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 @pytest.fixture
@@ -88,6 +95,48 @@ def test_map_equals_pycocotools_on_the_original_annotations(coco_val, backend, m
         assert ours[f"val/{k}"].item() == pytest.approx(reference, abs=1e-6), k
 
 
+def detr_postprocess(logits, boxes, sizes):
+    """DETR's `PostProcess` (models/detr.py), written out: per query, the most probable real
+    class and its probability; boxes (cx, cy, w, h) -> (x1, y1, x2, y2) times (W, H, W, H)."""
+    prob = torch.softmax(logits, -1)
+    scores, labels = prob[..., :-1].max(-1)
+    cx, cy, w, h = boxes.unbind(-1)
+    xyxy = torch.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], -1)
+    scale = torch.tensor([[width, height, width, height] for height, width in sizes], dtype=torch.float32)
+    return xyxy * scale[:, None, :], scores, labels
+
+
+def test_per_query_selection_is_detrs_postprocess():
+    torch.manual_seed(1)
+    logits, boxes = 3 * torch.randn(2, 12, 5), torch.rand(2, 12, 4) * 0.5 + 0.25
+    sizes = [(40, 60), (480, 640)]
+    found = postprocess(DetectionOutput(logits, boxes), sizes)  # the default: DETR's
+    ref_boxes, ref_scores, ref_labels = detr_postprocess(logits, boxes, sizes)
+    for i in range(2):
+        assert found[0][i].shape == (12, 4) and found[1][i].shape == (12,)
+        order = ref_scores[i].argsort(descending=True, stable=True)  # every query kept, best first
+        assert torch.all(found[1][i][:-1] >= found[1][i][1:])
+        torch.testing.assert_close(found[1][i], ref_scores[i, order], rtol=0, atol=1e-7)
+        assert found[2][i].tolist() == ref_labels[i, order].tolist()
+        torch.testing.assert_close(found[0][i], ref_boxes[i, order], rtol=1e-6, atol=1e-4)
+    # top_k: the best (query, class) pairs, so one query may give two classes
+    boxes_k, scores_k, labels_k = postprocess(DetectionOutput(logits, boxes), sizes, "top_k", top_k=30)
+    probs = torch.softmax(logits, -1)[..., :-1]
+    for i in range(2):
+        assert boxes_k[i].shape == (30, 4) and labels_k[i].shape == (30,)
+        torch.testing.assert_close(scores_k[i], probs[i].flatten().sort(descending=True).values[:30])
+    assert len(postprocess(DetectionOutput(logits, boxes), sizes, "top_k", top_k=100)[1][0]) == 12 * 4
+    with pytest.raises(ConfigError, match="selection"):
+        DetectionTask(num_classes=3, head=SMALL_HEAD, backbone=TINY, selection="top")
+
+
+def test_configs_say_which_selection():
+    """DETR's recipe reads detections as DETR does; the demo keeps its published top-k."""
+    det = yaml.safe_load((CONFIGS / "det_coco.yaml").read_text())["model"]["init_args"]
+    demo = yaml.safe_load((CONFIGS / "demo_det.yaml").read_text())["model"]["init_args"]
+    assert det.get("selection", "per_query") == "per_query" and demo["selection"] == "top_k"
+
+
 def test_detections_do_not_depend_on_the_batch(coco_val):
     _, dataset = coco_val
     model = task().eval()
@@ -136,6 +185,67 @@ def test_box_bias_under_padding_and_autocast(coco_val):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model.forward_batch(batch, "val")
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.boxes).all()
+
+
+@pytest.mark.parametrize("box_bias", [False, True])
+def test_box_path_in_fp32_under_bf16_autocast(box_bias):
+    """Under bf16 autocast the decoder's layers run in bf16, but logits and boxes (and the
+    reference boxes and their refinement) are the fp32 computation on its hidden states: bf16
+    boxes would be up to 2^-9 of the image off, a pixel and more at COCO's sizes."""
+    torch.manual_seed(0)
+    model = task(head=partial(SMALL_HEAD, box_bias=box_bias, dropout=0.0)).eval()
+    head = model.head
+    torch.nn.init.normal_(head.bbox_embed.layers[-1].weight, std=0.1)  # offsets that are not 0
+    hidden, ffn = [], []
+    head.decoder_norm.register_forward_hook(lambda module, args, out: hidden.append(out))
+    head.decoder[0].linear2.register_forward_hook(lambda module, args, out: ffn.append(out))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randn(2, 3, 32, 40))
+    assert ffn[0].dtype == torch.bfloat16  # the decoder's layers did run in bf16
+    assert out.boxes.dtype == out.logits.dtype == torch.float32
+    assert all(b.dtype == lg.dtype == torch.float32 for lg, b in out.aux)
+    hs = torch.stack(hidden).float()  # [L, B, Q, d]: the decoder's outputs the heads saw
+    with torch.no_grad():  # the same heads in fp32, outside autocast
+        logits = head.class_embed(hs)
+        if box_bias:  # iterative refinement from the learned first reference, written out
+            reference, boxes = head.ref_point(head.query_embed.weight).sigmoid().expand(2, -1, -1), []
+            for layer_hidden in hs:
+                reference = torch.sigmoid(torch.log(reference / (1 - reference)) + head.bbox_embed(layer_hidden))
+                boxes.append(reference)
+        else:
+            boxes = head.bbox_embed(hs).sigmoid()
+    torch.testing.assert_close(out.logits, logits[-1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.boxes, boxes[-1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.aux[0][1], boxes[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_near_full_size_box_still_refines_under_bf16():
+    """A side of 0.999 is 1 in bf16, whose inverse sigmoid is inf: the box would stay 1."""
+    assert torch.isfinite(inverse_sigmoid(torch.tensor([0.999, 1.0], dtype=torch.bfloat16))).all()
+    model = task(head=partial(SMALL_HEAD, box_bias=True, dropout=0.0)).eval()
+    head = model.head
+    start = math.log(0.999 / 0.001)
+    with torch.no_grad():  # every query starts at side 0.999; each of the 2 layers shrinks it by -0.5 in logit
+        head.ref_point.weight.zero_()
+        head.ref_point.bias.copy_(torch.tensor([0.0, 0.0, start, start]))
+        head.bbox_embed.layers[-1].bias.copy_(torch.tensor([0.0, 0.0, -0.5, -0.5]))  # weight: 0 at init
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(2, 3, 32, 40))
+    first, last = torch.sigmoid(torch.tensor(start - 0.5)), torch.sigmoid(torch.tensor(start - 1.0))  # 0.9983, 0.9973
+    torch.testing.assert_close(out.aux[0][1][..., 2:], first.expand(2, 12, 2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.boxes[..., 2:], last.expand(2, 12, 2), rtol=0, atol=1e-6)
+
+
+def test_non_finite_box_names_the_dataset_sample(coco_val):
+    _, dataset = coco_val
+    batch = pad_collate([dataset[i] for i in (5, 1, 4)])
+    i = next(i for i, t in enumerate(batch.targets) if len(t.labels))  # an image that gets matched
+    boxes = torch.full((3, 12, 4), 0.5)
+    boxes[i, 7, 2] = float("nan")
+    with pytest.raises(
+        NonFiniteError, match=rf"train sample {int(batch.index[i])} of the dataset, image {i} .*query 7"
+    ):
+        task().compute_loss(DetectionOutput(torch.zeros(3, 12, 4), boxes), batch, "train")
 
 
 def test_coco_results_writer(coco_val, tmp_path):

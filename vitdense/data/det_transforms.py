@@ -143,7 +143,10 @@ def detection_train_transforms(
                             RandomShortSideResize(crop_scales),
                             RandomSizeCrop(*crop_size),
                             RandomShortSideResize(scales, max_size),
-                        ]
+                        ],
+                        # OneOf draws a branch with probability proportional to its p, and
+                        # A.Sequential's default p is 0.5: it must be 1 for DETR's 1/2 : 1/2
+                        p=1.0,
                     ),
                 ],
                 p=1.0,

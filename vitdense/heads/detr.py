@@ -4,6 +4,7 @@
     (optional) transformer encoder layers over the memory    (0 by default: the ViT is one)
     object queries [Q, d] --decoder layers (self-attn, cross-attn to memory, FFN)--> [L, B, Q, d]
     every layer's output --class head--> [B, Q, K + 1]    --box MLP + sigmoid--> [B, Q, 4] (cx, cy, w, h)
+    (class and box heads, reference boxes and their refinement in fp32 under any autocast)
 
 As in DETR: post-norm layers with a final decoder norm; object query embeddings are added
 to the queries and keys of self-attention and to the queries of cross-attention, memory
@@ -77,8 +78,9 @@ def sine_position_embedding(
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """log(x / (1 - x)), clamped away from 0 and 1."""
-    x = x.clamp(eps, 1 - eps)
+    """log(x / (1 - x)), clamped away from 0 and 1, in fp32 whatever the input's dtype (in
+    bf16, 1 - eps rounds to 1 and any x >= 0.998 to 1, which gives inf)."""
+    x = x.float().clamp(eps, 1 - eps)
     return torch.log(x / (1 - x))
 
 
@@ -306,18 +308,36 @@ class DETRHead(nn.Module):
         self_attn_mask = self.group_mask(groups, tokens.device)
         tgt = torch.zeros_like(query_pos)
         outputs, boxes = [], []
-        reference = self.ref_point(query_pos).sigmoid() if self.box_bias else None
+        reference = self.initial_reference(query_pos) if self.box_bias else None
         for i, layer in enumerate(self.decoder):
             bias = self.rpb[i](reference, features.image_sizes).to(tgt.dtype) if reference is not None else None
             tgt = layer(tgt, query_pos, memory, pos, padding, self_attn_mask, bias)
             out = self.decoder_norm(tgt)
             outputs.append(out)
             if reference is not None:
-                box = (inverse_sigmoid(reference) + self.bbox_embed(out)).sigmoid()
+                box = self.refine(reference, out)
                 boxes.append(box)
                 reference = box.detach()
         hs = torch.stack(outputs)  # [L, B, G*Q, d]
-        logits = self.class_embed(hs)
-        boxes = torch.stack(boxes) if boxes else self.bbox_embed(hs).sigmoid()
+        with torch.autocast(hs.device.type, enabled=False):  # see `refine`: the heads in fp32
+            logits = self.class_embed(hs.float())
+            boxes = torch.stack(boxes) if boxes else self.bbox_embed(hs.float()).sigmoid()
         aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
         return DetectionOutput(logits[-1], boxes[-1], aux, groups)
+
+    def initial_reference(self, query_pos: torch.Tensor) -> torch.Tensor:
+        """query_pos [B, Q, d] -> each query's learned first reference box [B, Q, 4] in fp32."""
+        with torch.autocast(query_pos.device.type, enabled=False):
+            return self.ref_point(query_pos.float()).sigmoid()
+
+    def refine(self, reference: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """The reference boxes [B, Q, 4] moved by the box head's offsets from hidden [B, Q, d],
+        in inverse-sigmoid space -> refined boxes [B, Q, 4], in fp32.
+
+        The whole box path runs in fp32 under any autocast: bf16 steps are 2^-8 in [0.5, 1),
+        up to a pixel and more at COCO's sizes (small objects' IoU with their own bf16-rounded
+        boxes falls below 0.9), and a bf16 side >= 0.998 rounds to 1, whose inverse sigmoid is
+        inf: such a box would never move again.
+        """
+        with torch.autocast(hidden.device.type, enabled=False):
+            return (inverse_sigmoid(reference) + self.bbox_embed(hidden.float())).sigmoid()

@@ -17,6 +17,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
+from vitdense.errors import NonFiniteError
 from vitdense.types import BoxTargets
 
 #: per image, (query indices [m], target indices [m]) int64, m = min(queries, targets)
@@ -63,6 +64,23 @@ class HungarianMatcher(nn.Module):
             cost = self.cost_bbox * cost_bbox + self.cost_class * cost_class + self.cost_giou * cost_giou
             return cost.view(b, q, -1)
 
+    @staticmethod
+    def non_finite(logits: torch.Tensor, boxes: torch.Tensor, image_cost: torch.Tensor, image: int) -> NonFiniteError:
+        """The error for image `image`'s cost matrix [Q, n] holding NaN or inf (scipy would
+        only say "matrix contains invalid numeric entries"), naming its first bad query."""
+        query = int((~torch.isfinite(image_cost)).any(1).nonzero()[0])
+        box = [round(v, 4) for v in boxes[image, query].float().tolist()]
+        what = f"predicted box (cx, cy, w, h) {box}"
+        if not torch.isfinite(logits[image, query]).all():
+            what += " and class logits with NaN or inf"
+        return NonFiniteError(
+            f"image {image} of the batch, query {query}: {what}, so it cannot be matched. The training "
+            "has diverged: lower the learning rate, clip gradients (trainer.gradient_clip_val, DETR: 0.1), "
+            "or train in fp32 (trainer.precision=32-true) if it happened under 16-bit precision",
+            image,
+            query,
+        )
+
     @torch.no_grad()
     def forward(
         self, logits: torch.Tensor, boxes: torch.Tensor, targets: Sequence[BoxTargets], num_groups: int = 1
@@ -80,6 +98,9 @@ class HungarianMatcher(nn.Module):
         Returns:
             Per image, (query indices, target indices), int64 on the CPU, ordered by query
             group; within a group, each target appears at most once.
+
+        Raises:
+            NonFiniteError: an image with targets has a NaN or infinite box or logit.
         """
         b, q = logits.shape[:2]
         if q % num_groups:
@@ -98,6 +119,8 @@ class HungarianMatcher(nn.Module):
             if image_cost.shape[1] == 0:
                 matches.append((empty, empty))
                 continue
+            if not torch.isfinite(image_cost).all():
+                raise self.non_finite(logits, boxes, image_cost, i)
             rows, cols = [], []
             for g in range(num_groups):
                 r, c = linear_sum_assignment(image_cost[g * per_group : (g + 1) * per_group].numpy())

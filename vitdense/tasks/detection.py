@@ -21,7 +21,7 @@ from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
 from vitdense.callbacks import COCOResultsWriter
-from vitdense.errors import ConfigError
+from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
 from vitdense.metrics import DetectionMeanAP
@@ -58,16 +58,44 @@ def map_backend() -> str:
     return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
 
 
+#: how detections are read from the queries: DETR's one per query, or the best (query, class) pairs
+Selection = Literal["per_query", "top_k"]
+
+
 def postprocess(
-    output: DetectionOutput, orig_sizes: Sequence[tuple[int, int]], top_k: int = 100
+    output: DetectionOutput,
+    orig_sizes: Sequence[tuple[int, int]],
+    selection: Selection = "per_query",
+    top_k: int = 100,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Detections from a DETR output: per image, the `top_k` (query, class) pairs by
-    softmax probability, "no object" excluded, boxes as absolute (x1, y1, x2, y2) at the
-    original (H0, W0). Returns per-image lists (boxes [k, 4], scores [k], labels [k]) in fp32."""
+    """Detections from a DETR output, boxes as absolute (x1, y1, x2, y2) at the original
+    (H0, W0), best first.
+
+    Class probabilities are the softmax over the K + 1 logits with "no object" then left out.
+
+    - `"per_query"`: DETR's `PostProcess`: every query is one detection, labelled with its
+      most probable real class and scored with that probability (Q per image).
+    - `"top_k"`: the `top_k` (query, class) pairs of highest probability, so a query may
+      give several detections of different classes (min(top_k, Q * K) per image).
+
+    Args:
+        output: logits [B, Q, K + 1], boxes [B, Q, 4] (cx, cy, w, h) in [0, 1].
+        orig_sizes: B pairs (H0, W0).
+
+    Returns:
+        per-image lists, in fp32: boxes [k, 4], scores [k], labels [k] (sorted by score).
+    """
     probs = output.logits.float().softmax(-1)[..., :-1]  # [B, Q, K]
     b, q, k = probs.shape
-    scores, flat = probs.flatten(1).topk(min(top_k, q * k), dim=1)
-    queries, labels = flat // k, flat % k
+    if selection == "per_query":
+        scores, labels = probs.max(-1)  # [B, Q]
+        scores, queries = scores.sort(dim=1, descending=True, stable=True)
+        labels = labels.gather(1, queries)
+    elif selection == "top_k":
+        scores, flat = probs.flatten(1).topk(min(top_k, q * k), dim=1)
+        queries, labels = flat // k, flat % k
+    else:
+        raise ConfigError(f"selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
     boxes_all, scores_all, labels_all = [], [], []
     for i, (height, width) in enumerate(orig_sizes):
         xyxy = box_convert(output.boxes[i, queries[i]].float(), "cxcywh", "xyxy")
@@ -93,7 +121,11 @@ class DetectionTask(BaseTask):
             `DetectionOutput`; default `DETRHead` with DETR's settings.
         criterion: `criterion(num_classes)` -> module from (output, targets) to `Losses`;
             default `SetCriterion` with DETR's matcher costs and loss weights.
-        top_k: detections kept per image.
+        selection: how detections are read from the queries: `"per_query"` (DETR's: each
+            query's most probable real class, all Q queries kept; AP comparable with DETR's
+            tables) or `"top_k"` (the `top_k` best (query, class) pairs per image, as
+            Deformable DETR and its successors do). See `postprocess`.
+        top_k: detections kept per image with `selection="top_k"`.
         (the rest: see `BaseTask`)
     """
 
@@ -106,6 +138,7 @@ class DetectionTask(BaseTask):
         class_names: list[str] | None = None,
         head: HeadFactory = DETRHead,
         criterion: CriterionFactory = SetCriterion,
+        selection: Selection = "per_query",
         top_k: int = 100,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
@@ -116,6 +149,9 @@ class DetectionTask(BaseTask):
         # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
         self.hparams.pop("criterion", None)
         self.set_classes(num_classes, class_names)
+        if selection not in ("per_query", "top_k"):
+            raise ConfigError(f"model.selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
+        self.selection = selection
         self.top_k = top_k
         self.set_head(head, self.backbone.embed_dim, num_classes)
         self.criterion = criterion(num_classes)
@@ -129,10 +165,14 @@ class DetectionTask(BaseTask):
         return self(batch.image, batch.image_sizes)
 
     def compute_loss(self, output: DetectionOutput, batch: DetectedImages, stage: Stage) -> Losses:
-        return self.criterion(output, batch.targets)
+        try:
+            return self.criterion(output, batch.targets)
+        except NonFiniteError as err:  # the matcher knows the batch position; name the image too
+            index = batch.index[err.image] if isinstance(batch.index, torch.Tensor) else batch.index
+            raise NonFiniteError(f"{stage} sample {int(index)} of the dataset, {err}", err.image, err.query) from None
 
     def detections(self, output: DetectionOutput, batch: DetectedImages) -> Detections:
-        boxes, scores, labels = postprocess(output, batch.orig_sizes, self.top_k)
+        boxes, scores, labels = postprocess(output, batch.orig_sizes, self.selection, self.top_k)
         return Detections(batch.index, boxes, scores, labels)
 
     def update_metrics(
