@@ -55,8 +55,7 @@ def write_config(tmp_path: Path, run: str) -> Path:
         "init_args": {
             "root": str(image_folder(tmp_path / f"{run}_data")),
             "img_size": 32,
-            "batch_size": BATCH,
-            "num_workers": 2,
+            "loader": {"batch_size": BATCH, "num_workers": 2},
             "color_jitter": 0.4,
         },
     }
