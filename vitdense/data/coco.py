@@ -220,7 +220,7 @@ def coco_results(
     return results
 
 
-#: DETR's schedule: 2 images per GPU (8 GPUs x 2 = 16)
+#: DETR's 2 images per GPU
 COCO_LOADER = LoaderConfig(batch_size=2, num_workers=2)
 
 

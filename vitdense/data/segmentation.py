@@ -194,7 +194,7 @@ class SegmentationFolderDataset(Dataset):
         return SegmentedImages.of(image_t, mask_t, index)
 
 
-#: mmseg's ADE20K schedule: 8 crops per step (as 8 GPUs x 1 or 4 x 2), whole images evaluated one by one
+#: Segmenter's ADE20K batch of 8 crops; evaluation takes whole images of different sizes one by one
 SEGMENTATION_LOADER = LoaderConfig(batch_size=8, eval_batch_size=1, num_workers=4)
 
 
