@@ -38,7 +38,7 @@ def trained(tmp_path_factory):
         for task, (config, overrides) in DEMOS.items():
             folder = tmp_path_factory.mktemp(task)
             os.chdir(folder)
-            args = ["fit", "--config", str(CONFIGS / config), *overrides, "--data.init_args.batch_size=4"]
+            args = ["fit", "--config", str(CONFIGS / config), *overrides, "--data.init_args.loader.batch_size=4"]
             args += ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]
             main(args)
             out[task] = folder, folder / "runs" / config.removesuffix(".yaml") / "checkpoints" / "last.ckpt"

@@ -17,7 +17,7 @@ from PIL import Image
 
 from tests.data.test_ade20k import label_map, write_pair
 from vitdense.cli import main
-from vitdense.data import ADE20KDataModule, COCODataModule, ImageFolderDataModule, write_synthetic_coco
+from vitdense.data import ADE20KDataModule, COCODataModule, ImageFolderDataModule, LoaderConfig, write_synthetic_coco
 from vitdense.errors import DataError
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -77,8 +77,9 @@ def image_folder(root: Path, write: Callable[[Path], None]) -> tuple[ImageFolder
     return odd
 
 
-def datamodule(root: Path, **kwargs) -> ImageFolderDataModule:
-    dm = ImageFolderDataModule(str(root), img_size=16, batch_size=2, num_workers=0, **kwargs)
+def datamodule(root: Path, on_bad_sample: str = "raise", **kwargs) -> ImageFolderDataModule:
+    loader = LoaderConfig(batch_size=2, num_workers=0, on_bad_sample=on_bad_sample)
+    dm = ImageFolderDataModule(root=str(root), img_size=16, loader=loader, **kwargs)
     dm.setup("validate")
     return dm
 
@@ -172,7 +173,9 @@ SEG_CASES = {
 def test_segmentation_pairs(how, tmp_path):
     root = ade(tmp_path)
     named = break_pair(root, how)
-    dm = ADE20KDataModule(str(root), crop_size=32, eval_short_side=32, batch_size=2, num_workers=0)
+    dm = ADE20KDataModule(
+        root=str(root), crop_size=32, eval_short_side=32, loader=LoaderConfig(batch_size=2, num_workers=0)
+    )
     with pytest.raises(DataError) as err:
         dm.setup("validate")
         list(dm.val_dataloader())
@@ -188,7 +191,9 @@ def test_exif_rotated_image_and_its_label_map_turn_together(tmp_path):
     exif[274] = 6  # shown turned 90 degrees clockwise: the stored top edge becomes the right edge
     Image.fromarray(rgb(30, 40)).save(root / "images" / "validation" / "ADE_val_00000000.jpg", exif=exif)
     Image.fromarray(labels).save(root / "annotations" / "validation" / "ADE_val_00000000.png")
-    dm = ADE20KDataModule(str(root), crop_size=32, eval_short_side=32, batch_size=1, num_workers=0)
+    dm = ADE20KDataModule(
+        root=str(root), crop_size=32, eval_short_side=32, loader=LoaderConfig(batch_size=1, num_workers=0)
+    )
     dm.setup("validate")
     sample = dm.val_dataset[0]
     assert tuple(sample.mask.shape) == (40, 30)  # upright
@@ -216,7 +221,7 @@ def test_coco_box_outside_the_image_is_clipped_and_counted(tmp_path, caplog):
         )
 
     path, _ = coco(tmp_path, outside)
-    dm = COCODataModule(str(tmp_path), eval_short_side=48, batch_size=2, num_workers=0)
+    dm = COCODataModule(root=str(tmp_path), eval_short_side=48, loader=LoaderConfig(batch_size=2, num_workers=0))
     with caplog.at_level(logging.INFO):
         index = dm.index("val")
     first = index.images[0]
@@ -231,7 +236,7 @@ def test_coco_zero_area_box_is_dropped_and_counted(tmp_path, caplog):
         )
 
     coco(tmp_path, flat)
-    dm = COCODataModule(str(tmp_path), eval_short_side=48, batch_size=2, num_workers=0)
+    dm = COCODataModule(root=str(tmp_path), eval_short_side=48, loader=LoaderConfig(batch_size=2, num_workers=0))
     with caplog.at_level(logging.INFO):
         dm.index("val")
     assert "annotation id 903" in caplog.text
@@ -239,7 +244,7 @@ def test_coco_zero_area_box_is_dropped_and_counted(tmp_path, caplog):
 
 def test_coco_image_of_another_size_than_its_entry(tmp_path):
     path, images = coco(tmp_path, lambda d: d["images"][0].update(width=d["images"][0]["width"] + 3))
-    dm = COCODataModule(str(tmp_path), eval_short_side=48, batch_size=2, num_workers=0)
+    dm = COCODataModule(root=str(tmp_path), eval_short_side=48, loader=LoaderConfig(batch_size=2, num_workers=0))
     dm.setup("validate")
     with pytest.raises(DataError, match=r"but .*instances_val2017.json says .*fix the JSON entry of image id"):
         dm.val_dataset[0]
@@ -248,9 +253,9 @@ def test_coco_image_of_another_size_than_its_entry(tmp_path):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda tmp: COCODataModule(str(tmp / "coco")), "python data_scripts/coco.py --out"),
-        (lambda tmp: ADE20KDataModule(str(tmp / "ade")), "data_scripts/ade20k.py"),
-        (lambda tmp: ImageFolderDataModule(str(tmp / "imagenet")), "python data_scripts/imagenet.py"),
+        (lambda tmp: COCODataModule(root=str(tmp / "coco")), "python data_scripts/coco.py --out"),
+        (lambda tmp: ADE20KDataModule(root=str(tmp / "ade")), "data_scripts/ade20k.py"),
+        (lambda tmp: ImageFolderDataModule(root=str(tmp / "imagenet")), "python data_scripts/imagenet.py"),
     ],
     ids=["COCO", "ADE20K", "ImageNet"],
 )
@@ -273,7 +278,7 @@ def cli_error(args: list[str], capsys) -> str:
 def imagenet_args(root: Path, *extra: str) -> list[str]:
     args = ["fit", "--config", str(CONFIGS / "cls_imagenet.yaml"), f"--data.init_args.root={root}"]
     args += ["--model.init_args.backbone.pretrained=false", "--model.init_args.backbone.model_args={depth: 1}"]
-    args += ["--data.init_args.img_size=32", "--data.init_args.batch_size=2", "--trainer.devices=1"]
+    args += ["--data.init_args.img_size=32", "--data.init_args.loader.batch_size=2", "--trainer.devices=1"]
     args += ["--trainer.strategy=auto", "--trainer.accelerator=cpu", "--trainer.max_steps=2"]
     args += ["--trainer.enable_progress_bar=false", "--trainer.num_sanity_val_steps=0", "--trainer.logger=false"]
     args += ["--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"]
@@ -285,7 +290,7 @@ def test_worker_errors_are_the_same_one_line(workers, tmp_path, capsys, monkeypa
     """With loader workers, the error arrives as it would without them: one line naming the file."""
     monkeypatch.chdir(tmp_path)
     odd = image_folder(tmp_path / "imagenet", lambda p: p.with_suffix(".jpg").write_bytes(b""))
-    lines = cli_error(imagenet_args(tmp_path / "imagenet", f"--data.init_args.num_workers={workers}"), capsys)
+    lines = cli_error(imagenet_args(tmp_path / "imagenet", f"--data.init_args.loader.num_workers={workers}"), capsys)
     assert lines[-1] == f"vitdense: error: {odd}: empty file (0 bytes); replace or delete it"
 
 
@@ -294,8 +299,8 @@ def test_skip_through_a_fit_is_logged_and_counted(tmp_path, monkeypatch, caplog)
     image_folder(tmp_path / "imagenet", lambda p: p.with_suffix(".jpg").write_bytes(b""))
     for name in ("bad1.jpg", "bad2.png"):
         (tmp_path / "imagenet" / "train" / "a" / name).write_bytes(b"garbage")
-    args = imagenet_args(tmp_path / "imagenet", "--data.init_args.on_bad_sample=skip")
-    args += ["--data.init_args.num_workers=0", "--trainer.max_steps=-1", "--trainer.max_epochs=1"]
+    args = imagenet_args(tmp_path / "imagenet", "--data.init_args.loader.on_bad_sample=skip")
+    args += ["--data.init_args.loader.num_workers=0", "--trainer.max_steps=-1", "--trainer.max_epochs=1"]
     with caplog.at_level(logging.WARNING):
         cli = main(args)
     metrics = cli.trainer.callback_metrics
@@ -310,15 +315,26 @@ def test_skip_through_a_fit_is_logged_and_counted(tmp_path, monkeypatch, caplog)
     "args, message",
     [
         (["--data.init_args.img_size=-3"], "vitdense: error: data.init_args.img_size=-3: must be positive"),
-        (["--data.init_args.batch_size=0"], "vitdense: error: data.init_args.batch_size=0: must be positive"),
-        (["--data.init_args.num_workers=-1"], "data.init_args.num_workers=-1: must be 0 (load in the main process)"),
-        (["--data.init_args.batch_size=abc"], 'Parser key "batch_size"'),
-        (["--data.init_args.on_bad_sample=sometimes"], "on_bad_sample"),
+        (
+            ["--data.init_args.loader.batch_size=0"],
+            "vitdense: error: data.init_args.loader.batch_size=0: must be positive",
+        ),
+        (
+            ["--data.init_args.loader.num_workers=-1"],
+            "data.init_args.loader.num_workers=-1: must be 0 (load in the main process)",
+        ),
+        (["--data.init_args.loader.batch_size=abc"], 'Parser key "loader.batch_size"'),
+        (["--data.init_args.loader.on_bad_sample=sometimes"], "on_bad_sample"),
         (["--model.init_args.pol=avg"], "pol"),
         (["--model.init_args.num_classes=7"], "model.init_args.num_classes=7: the task takes it from the data"),
         (["--model.init_args.backbone.img_size=32"], "set that instead"),
         (["--data.init_args.backbone=vit_base_patch16_224"], "data.init_args.backbone: the data normalises as"),
         (["--trainer.max_epochs=many"], "max_epochs"),
+        (
+            ["--data.init_args.batch_size=4"],
+            "data.init_args.batch_size: the loader settings live in one block now; "
+            "write data.init_args.loader.batch_size",
+        ),
     ],
     ids=[
         "negative size",
@@ -331,6 +347,7 @@ def test_skip_through_a_fit_is_logged_and_counted(tmp_path, monkeypatch, caplog)
         "linked size",
         "linked normalisation",
         "trainer type",
+        "flat loader key",
     ],
 )
 def test_bad_settings_are_one_clear_error(args, message, capsys):
@@ -343,16 +360,19 @@ def test_bad_settings_are_one_clear_error(args, message, capsys):
     "make, message",
     [
         (
-            lambda root: ADE20KDataModule(str(root), eval_short_side=0),
+            lambda root: ADE20KDataModule(root=str(root), eval_short_side=0),
             "data.init_args.eval_short_side=0: must be positive",
         ),
         (
-            lambda root: ADE20KDataModule(str(root), scale=(2048, -1)),
+            lambda root: ADE20KDataModule(root=str(root), scale=(2048, -1)),
             "data.init_args.scale=(2048, -1): must be positive",
         ),
-        (lambda root: COCODataModule(str(root), scales=[480, 0]), "data.init_args.scales=[480, 0]: must be positive"),
         (
-            lambda root: COCODataModule(str(root), crop_size=(0, 600)),
+            lambda root: COCODataModule(root=str(root), scales=[480, 0]),
+            "data.init_args.scales=[480, 0]: must be positive",
+        ),
+        (
+            lambda root: COCODataModule(root=str(root), crop_size=(0, 600)),
             "data.init_args.crop_size=(0, 600): must be positive",
         ),
     ],

@@ -44,7 +44,7 @@ def test_predict_writes_top_k_with_class_names(tmp_path):
             "--trainer.limit_predict_batches=2",
             "--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter",
             f"--trainer.callbacks.output_file={out}",
-            "--data.init_args.batch_size=4",
+            "--data.init_args.loader.batch_size=4",
         ]
     )
     rows = list(csv.DictReader(out.open()))
@@ -89,7 +89,7 @@ def test_segmentation_predict_writes_palette_pngs_at_label_size(tmp_path):
             f"--trainer.callbacks.output_dir={tmp_path / 'pred'}",
             "--data.init_args.img_size=32",
             "--data.init_args.val_size=3",  # (limit_predict_batches=1 would parse as 100%)
-            "--data.init_args.batch_size=2",
+            "--data.init_args.loader.batch_size=2",
         ]
     )
     dataset = cli.datamodule.predict_dataloader().dataset
@@ -114,10 +114,10 @@ def test_data_error_at_setup_is_one_line(tmp_path, capsys, monkeypatch):
         "--config",
         config,
         f"--data.init_args.root={tmp_path / 'imagenet'}",
-        "--data.init_args.num_workers=0",
+        "--data.init_args.loader.num_workers=0",
     ]
     args += ["--model.init_args.backbone.pretrained=false", "--data.init_args.img_size=32", "--trainer.devices=1"]
-    args += ["--trainer.strategy=auto", "--trainer.accelerator=cpu", "--data.init_args.batch_size=64"]
+    args += ["--trainer.strategy=auto", "--trainer.accelerator=cpu", "--data.init_args.loader.batch_size=64"]
     err = run_error(args, capsys)
     last = err.strip().splitlines()[-1]
     assert last.startswith("vitdense: error: ") and "batch_size=64" in last and "Traceback" not in err
@@ -146,7 +146,7 @@ def test_detection_fit_then_test_and_predict_from_its_checkpoint(tmp_path, monke
     monkeypatch.chdir(tmp_path)  # the demo writes runs/ and data/ relative to the working folder
     config = str(Path(__file__).parents[1] / "configs" / "demo_det.yaml")
     small = ["--data.init_args.img_size=32", "--data.init_args.train_size=8", "--data.init_args.val_size=3"]
-    small += ["--data.init_args.batch_size=4", "--trainer.enable_progress_bar=false"]
+    small += ["--data.init_args.loader.batch_size=4", "--trainer.enable_progress_bar=false"]
     fit = main(["fit", "--config", config, *small, "--trainer.max_steps=2", "--trainer.num_sanity_val_steps=0"])
     assert fit.trainer.global_step == 2
     ckpt = tmp_path / "runs" / "demo_det" / "checkpoints" / "last.ckpt"

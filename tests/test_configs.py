@@ -38,14 +38,18 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
         root = tmp_path / "imagenet"
         for split in ("train", "val"):
             make_split(root / split, ["bird", "cat", "dog"], per_class=2)
-        return [f"--data.init_args.root={root}", "--data.init_args.batch_size=2", "--data.init_args.num_workers=0"]
+        return [
+            f"--data.init_args.root={root}",
+            "--data.init_args.loader.batch_size=2",
+            "--data.init_args.loader.num_workers=0",
+        ]
     if class_path.endswith("CIFARDataModule"):
         write_fake_cifar(tmp_path / "cifar", monkeypatch, data["init_args"]["variant"], per_batch=8)
         return [
             f"--data.init_args.root={tmp_path / 'cifar'}",
             "--data.init_args.download=false",
-            "--data.init_args.batch_size=2",
-            "--data.init_args.num_workers=0",
+            "--data.init_args.loader.batch_size=2",
+            "--data.init_args.loader.num_workers=0",
         ]
     if class_path.endswith("ADE20KDataModule"):
         root = tmp_path / "ADEChallengeData2016"
@@ -57,8 +61,8 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
             "--data.init_args.crop_size=64",
             "--data.init_args.eval_short_side=64",
             "--data.init_args.scale=[256, 64]",
-            "--data.init_args.batch_size=2",
-            "--data.init_args.num_workers=0",
+            "--data.init_args.loader.batch_size=2",
+            "--data.init_args.loader.num_workers=0",
         ]
     if class_path.endswith("COCODataModule"):
         root = tmp_path / "coco"
@@ -70,15 +74,15 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
             "--data.init_args.crop_scales=[64]",
             "--data.init_args.crop_size=[32, 64]",
             "--data.init_args.eval_short_side=64",
-            "--data.init_args.batch_size=2",
-            "--data.init_args.num_workers=0",
+            "--data.init_args.loader.batch_size=2",
+            "--data.init_args.loader.num_workers=0",
         ]
     assert class_path.startswith("vitdense.data.Synthetic"), f"{name}: no fake data for {class_path}"
     return [
         "--data.init_args.img_size=64",
         "--data.init_args.train_size=8",
         "--data.init_args.val_size=4",
-        "--data.init_args.batch_size=2",
+        "--data.init_args.loader.batch_size=2",
     ]
 
 

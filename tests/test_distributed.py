@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vitdense.data import (
+    LoaderConfig,
     SyntheticClassificationDataModule,
     SyntheticDetectionDataModule,
     SyntheticSegmentationDataModule,
@@ -49,7 +50,7 @@ def classifier() -> ClassificationTask:
 @pytest.mark.parametrize("devices", [2])
 def test_validation_metrics_count_every_sample_once(devices):
     # 13 images: 2 processes get 7 and 6, where torch's sampler would repeat one to make 7 + 7
-    data = SyntheticClassificationDataModule(img_size=32, val_size=13, eval_batch_size=3)
+    data = SyntheticClassificationDataModule(img_size=32, val_size=13, loader=LoaderConfig(eval_batch_size=3))
     single = trainer(1).validate(classifier(), datamodule=data, verbose=False)[0]
     multi = trainer(devices).validate(classifier(), datamodule=data, verbose=False)[0]
     assert multi["val/acc1"] == single["val/acc1"]
@@ -57,7 +58,7 @@ def test_validation_metrics_count_every_sample_once(devices):
 
     torch.manual_seed(0)
     seg = SegmentationTask(num_classes=4, head=LinearDecoder, backbone=TINY, window=32)
-    seg_data = SyntheticSegmentationDataModule(img_size=32, val_size=7, eval_batch_size=2)
+    seg_data = SyntheticSegmentationDataModule(img_size=32, val_size=7, loader=LoaderConfig(eval_batch_size=2))
     single = trainer(1).validate(seg, datamodule=seg_data, verbose=False)[0]
     multi = trainer(devices).validate(seg, datamodule=seg_data, verbose=False)[0]
     for key in ("val/mIoU", "val/mAcc", "val/aAcc"):
@@ -86,7 +87,7 @@ def test_detection_ap_counts_every_image_once(tmp_path):
     torch.manual_seed(0)
     det = DetectionTask(num_classes=3, head=GridBoxHead, backbone=TINY)
     data = SyntheticDetectionDataModule(
-        root=str(tmp_path / "det"), img_size=32, train_size=2, val_size=7, eval_batch_size=2
+        root=str(tmp_path / "det"), img_size=32, train_size=2, val_size=7, loader=LoaderConfig(eval_batch_size=2)
     )
     single = trainer(1).validate(det, datamodule=data, verbose=False)[0]
     multi = trainer(2).validate(det, datamodule=data, verbose=False)[0]
@@ -99,7 +100,9 @@ def test_one_ddp_step_equals_one_step_on_the_global_batch():
     def one_step(devices: int, batch_size: int) -> dict[str, torch.Tensor]:
         task = classifier()
         task.optimizer = partial(torch.optim.SGD, lr=0.5)
-        data = SyntheticClassificationDataModule(img_size=32, train_size=32, val_size=4, batch_size=batch_size)
+        data = SyntheticClassificationDataModule(
+            img_size=32, train_size=32, val_size=4, loader=LoaderConfig(batch_size=batch_size)
+        )
         trainer(devices, max_steps=1, limit_val_batches=0).fit(task, datamodule=data)
         return {k: v.detach().clone() for k, v in task.state_dict().items()}
 
@@ -117,7 +120,9 @@ def test_linear_probe_cache_is_correct_when_samples_move_between_ranks():
     def probe(cache: bool) -> tuple[dict, dict]:
         torch.manual_seed(0)
         task = LinearProbeTask(num_classes=4, backbone=TINY, cache_features=cache)
-        data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=5, batch_size=4)
+        data = SyntheticClassificationDataModule(
+            img_size=32, train_size=16, val_size=5, loader=LoaderConfig(batch_size=4)
+        )
         fit = trainer(2, max_epochs=2)  # the epoch-2 permutation hands each rank samples it has not cached
         fit.fit(task, datamodule=data)
         return dict(fit.callback_metrics), {k: v.clone() for k, v in task.head.state_dict().items()}
@@ -147,7 +152,7 @@ def test_pretrained_weights_are_fetched_once_then_loaded_by_every_process(tmp_pa
     task = CountingFetchTask(
         num_classes=4, backbone=BackboneConfig(img_size=32, pretrained=True, model_args={"depth": 1})
     )
-    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=2, batch_size=4)
+    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=2, loader=LoaderConfig(batch_size=4))
     trainer(2, max_steps=1, limit_val_batches=0).fit(task, datamodule=data)
     calls = sorted(Path(os.environ["CALLS_FILE"]).read_text().splitlines())
     assert calls == ["fetch 0", "load 0", "load 1"]

@@ -32,6 +32,7 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vitdense.backbone import CheckpointError
+from vitdense.data.base import loader_key_hint
 from vitdense.errors import ConfigError, DataError
 from vitdense.tasks import BaseTask
 from vitdense.trainer import Trainer
@@ -128,6 +129,7 @@ class VitDenseParser(LightningArgumentParser):
     message alone, not a hundred lines of usage first."""
 
     def error(self, message: str, ex: Exception | None = None) -> None:
+        message = loader_key_hint(message)
         print(
             f"vitdense: error: {message.strip()}\n(options: python -m vitdense {{fit,validate,test,predict}} --help)",
             file=sys.stderr,

@@ -15,6 +15,7 @@ from vitdense.data import (
     ADE20K_CLASSES,
     ADE20K_PALETTE,
     ADE20KDataModule,
+    LoaderConfig,
     SegmentationDataModule,
     SegmentationFolderDataset,
     SegmentedImages,
@@ -140,22 +141,22 @@ def test_missing_folders_name_the_layout(tmp_path):
 
 
 def test_datamodule_attributes_before_setup(ade):
-    dm = SegmentationDataModule(str(ade), class_names=["a", "b", "c", "d"], crop_size=32, reduce_zero_label=True)
+    dm = SegmentationDataModule(root=str(ade), class_names=["a", "b", "c", "d"], crop_size=32, reduce_zero_label=True)
     assert dm.num_classes == 4 and dm.class_names == ["a", "b", "c", "d"]
     assert dm.img_size == 32 and dm.ignore_index == 255 and dm.train_dataset is None
     assert dm.mean == (0.485, 0.456, 0.406)
-    dm = SegmentationDataModule(str(ade), ["a", "b"], backbone="vit_base_patch16_224.augreg_in21k")
+    dm = SegmentationDataModule(root=str(ade), class_names=["a", "b"], backbone="vit_base_patch16_224.augreg_in21k")
     assert dm.mean == (0.5, 0.5, 0.5) and "backbone" not in dm.hparams
     with pytest.raises(ValueError, match="ignore_index=1 is also class 'b'"):
-        SegmentationDataModule(str(ade), ["a", "b"], ignore_index=1)
+        SegmentationDataModule(root=str(ade), class_names=["a", "b"], ignore_index=1)
     with pytest.raises(FileNotFoundError, match=r"nowhere: no such directory.*annotations/<split>"):
-        SegmentationDataModule(str(ade / "nowhere"), ["a"])
+        SegmentationDataModule(root=str(ade / "nowhere"), class_names=["a"])
 
 
 def test_datamodule_loaders(ade):
     dm = SegmentationDataModule(
-        str(ade), ["a", "b", "c", "d"], reduce_zero_label=True, crop_size=32, scale=(128, 32),
-        eval_short_side=32, batch_size=2, eval_batch_size=2, num_workers=0, mean=MEAN, std=STD,
+        root=str(ade), class_names=["a", "b", "c", "d"], reduce_zero_label=True, crop_size=32, scale=(128, 32),
+        eval_short_side=32, mean=MEAN, std=STD, loader=LoaderConfig(batch_size=2, eval_batch_size=2),
     )  # fmt: skip
     dm.setup("fit")
     train = list(dm.train_dataloader())
@@ -179,14 +180,18 @@ def test_datamodule_loaders(ade):
 
 
 def test_train_split_smaller_than_a_batch_is_an_error(ade):
-    dm = SegmentationDataModule(str(ade), ["a", "b", "c", "d"], reduce_zero_label=True, batch_size=8)
+    dm = SegmentationDataModule(
+        root=str(ade), class_names=["a", "b", "c", "d"], reduce_zero_label=True, loader=LoaderConfig(batch_size=8)
+    )
     dm.setup("fit")
     with pytest.raises(ValueError, match=f"{ade / 'images' / 'training'}: 3 training images but batch_size=8"):
         dm.train_dataloader()
 
 
 def test_ade20k_datamodule(ade):
-    dm = ADE20KDataModule(str(ade), crop_size=32, scale=(128, 32), batch_size=2, num_workers=0)
+    dm = ADE20KDataModule(
+        root=str(ade), crop_size=32, scale=(128, 32), loader=LoaderConfig(batch_size=2, num_workers=0)
+    )
     assert dm.num_classes == 150 and dm.class_names == list(ADE20K_CLASSES) and dm.reduce_zero_label
     assert dm.img_size == 32 and dm.ignore_index == 255
     # hparams hold this signature only, so a checkpoint can rebuild it
@@ -199,7 +204,7 @@ def test_ade20k_datamodule(ade):
 
 def test_ade20k_missing_root_says_where_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
-        ADE20KDataModule(str(tmp_path / "ade"))
+        ADE20KDataModule(root=str(tmp_path / "ade"))
     message = str(err.value)
     assert str(tmp_path / "ade") in message
     assert "ADEChallengeData2016" in message and "images/{training,validation}" in message

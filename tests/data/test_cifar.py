@@ -11,7 +11,7 @@ import torch
 import torchvision.datasets.cifar as tv_cifar
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from vitdense.data import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, LabeledImages
+from vitdense.data import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, LabeledImages, LoaderConfig
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -57,19 +57,26 @@ def labels_of(loader) -> list[int]:
 
 
 def test_classes_are_known_without_data(tmp_path):
-    dm = CIFARDataModule(str(tmp_path / "nowhere"), variant="cifar100", download=False)
+    dm = CIFARDataModule(root=str(tmp_path / "nowhere"), variant="cifar100", download=False)
     assert dm.num_classes == 100 and dm.class_names == sorted(dm.class_names) and len(set(dm.class_names)) == 100
     assert dm.class_names[:3] == ["apple", "aquarium_fish", "baby"] and dm.class_names[-1] == "worm"
-    dm = CIFARDataModule(str(tmp_path / "nowhere"), variant="cifar10", backbone="deit_tiny_patch16_224")
+    dm = CIFARDataModule(root=str(tmp_path / "nowhere"), variant="cifar10", backbone="deit_tiny_patch16_224")
     assert dm.num_classes == 10 and dm.class_names[0] == "airplane" and dm.mean[0] == pytest.approx(0.485)
     assert not (tmp_path / "nowhere").exists()
     with pytest.raises(ValueError, match="val_fraction"):
-        CIFARDataModule(str(tmp_path), val_fraction=1.0)
+        CIFARDataModule(root=str(tmp_path), val_fraction=1.0)
 
 
 def test_cifar100_validates_on_the_test_set(tmp_path, monkeypatch):
     images = write_fake_cifar(tmp_path, monkeypatch, "cifar100", per_batch=12)
-    dm = CIFARDataModule(str(tmp_path), "cifar100", img_size=48, batch_size=4, num_workers=0, mean=MEAN, std=STD)
+    dm = CIFARDataModule(
+        root=str(tmp_path),
+        variant="cifar100",
+        img_size=48,
+        mean=MEAN,
+        std=STD,
+        loader=LoaderConfig(batch_size=4, num_workers=0),
+    )
     dm.prepare_data()  # everything is there and passes the md5 check: no download
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
@@ -83,7 +90,9 @@ def test_cifar100_validates_on_the_test_set(tmp_path, monkeypatch):
     torch.testing.assert_close(val.image, colour[:, None, None].expand(3, 48, 48), rtol=0, atol=1e-5)
     assert labels_of(dm.val_dataloader()) == list(range(12))
     # at img_size=32 evaluation resizes nothing: every pixel, in its channel, comes back as written
-    same = CIFARDataModule(str(tmp_path), "cifar100", img_size=32, num_workers=0, mean=MEAN, std=STD)
+    same = CIFARDataModule(
+        root=str(tmp_path), variant="cifar100", img_size=32, mean=MEAN, std=STD, loader=LoaderConfig(num_workers=0)
+    )
     same.setup("validate")
     source = torch.from_numpy(images["test"][5]).permute(2, 0, 1) / 255
     expected = (source - torch.tensor(MEAN)[:, None, None]) / torch.tensor(STD)[:, None, None]
@@ -99,7 +108,12 @@ def test_cifar10_holds_out_a_seeded_part_of_train(tmp_path, monkeypatch):
 
     def split(seed):
         dm = CIFARDataModule(
-            str(tmp_path), "cifar10", img_size=32, batch_size=2, num_workers=0, val_fraction=0.25, seed=seed
+            root=str(tmp_path),
+            variant="cifar10",
+            img_size=32,
+            val_fraction=0.25,
+            seed=seed,
+            loader=LoaderConfig(batch_size=2, num_workers=0),
         )
         dm.setup("fit")
         return dm
@@ -113,7 +127,7 @@ def test_cifar10_holds_out_a_seeded_part_of_train(tmp_path, monkeypatch):
 
 
 def test_missing_data_names_the_root_and_the_fix(tmp_path, monkeypatch):
-    dm = CIFARDataModule(str(tmp_path), "cifar100", download=False)
+    dm = CIFARDataModule(root=str(tmp_path), variant="cifar100", download=False)
     dm.prepare_data()
     with pytest.raises(FileNotFoundError, match=rf"{tmp_path / 'cifar-100-python'}.*download=true.*cifar-100-python"):
         dm.setup("fit")
@@ -123,16 +137,18 @@ def test_missing_data_names_the_root_and_the_fix(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tv_cifar, "download_and_extract_archive", offline)
     with pytest.raises(FileNotFoundError, match=r"could not be downloaded .*unreachable.*extract it into"):
-        CIFARDataModule(str(tmp_path), "cifar100", download=True).prepare_data()
+        CIFARDataModule(root=str(tmp_path), variant="cifar100", download=True).prepare_data()
 
 
 def test_corrupt_or_foreign_files_are_refused(tmp_path, monkeypatch):
     write_fake_cifar(tmp_path / "a", monkeypatch, "cifar10", per_batch=2, class_names=[f"c{i}" for i in range(10)])
     with pytest.raises(ValueError, match=r"batches\.meta.*re-download"):
-        CIFARDataModule(str(tmp_path / "a"), "cifar10", num_workers=0).setup("test")
+        CIFARDataModule(root=str(tmp_path / "a"), variant="cifar10", loader=LoaderConfig(num_workers=0)).setup("test")
     monkeypatch.undo()
     write_fake_cifar(tmp_path / "b", monkeypatch, "cifar10", per_batch=2)
     with open(tmp_path / "b" / "cifar-10-batches-py" / "test_batch", "ab") as f:
         f.write(b"tampered")
     with pytest.raises(FileNotFoundError, match="md5"):
-        CIFARDataModule(str(tmp_path / "b"), "cifar10", download=False, num_workers=0).setup("test")
+        CIFARDataModule(
+            root=str(tmp_path / "b"), variant="cifar10", download=False, loader=LoaderConfig(num_workers=0)
+        ).setup("test")

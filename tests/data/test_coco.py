@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitdense.data import COCODataModule, CocoDetection, load_coco, pad_collate, write_synthetic_coco
+from vitdense.data import COCODataModule, CocoDetection, LoaderConfig, load_coco, pad_collate, write_synthetic_coco
 from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms, short_side_size
 from vitdense.errors import DataError
 
@@ -158,8 +158,7 @@ def test_datamodule_batches(tmp_path):
         crop_scales=[48],
         crop_size=(32, 48),
         eval_short_side=48,
-        batch_size=2,
-        num_workers=0,
+        loader=LoaderConfig(batch_size=2, num_workers=0),
     )
     assert dm.num_classes == 3 and dm.class_names == ["circle", "square", "triangle"]
     dm.setup("fit")

@@ -8,7 +8,13 @@ import torch
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN
 
-from vitdense.data import ImageFolderDataModule, ImageFolderDataset, LabeledImages, classification_eval_transforms
+from vitdense.data import (
+    ImageFolderDataModule,
+    ImageFolderDataset,
+    LabeledImages,
+    LoaderConfig,
+    classification_eval_transforms,
+)
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 #: one constant colour per class, so every label can be read back from the pixels
@@ -104,19 +110,26 @@ def test_corrupt_image_is_named_when_read(imagenet):
 
 
 def test_datamodule_knows_its_classes_before_setup(imagenet):
-    dm = ImageFolderDataModule(str(imagenet), img_size=16, num_workers=0, backbone="vit_base_patch16_224.augreg_in21k")
+    dm = ImageFolderDataModule(
+        root=str(imagenet),
+        img_size=16,
+        backbone="vit_base_patch16_224.augreg_in21k",
+        loader=LoaderConfig(num_workers=0),
+    )
     assert dm.num_classes == 3 and dm.class_names == ["bird", "cat", "dog"] and dm.img_size == 16
     assert dm.mean == (0.5, 0.5, 0.5) and dm.std == (0.5, 0.5, 0.5)
     assert dm.train_dataset is None  # nothing read yet
-    dm = ImageFolderDataModule(str(imagenet), mean=(0.1, 0.2, 0.3))
+    dm = ImageFolderDataModule(root=str(imagenet), mean=(0.1, 0.2, 0.3))
     assert dm.mean == (0.1, 0.2, 0.3) and dm.std != dm.mean  # explicit mean wins, std from the default
-    assert ImageFolderDataModule(str(imagenet)).mean == IMAGENET_DEFAULT_MEAN
+    assert ImageFolderDataModule(root=str(imagenet)).mean == IMAGENET_DEFAULT_MEAN
     with pytest.raises(FileNotFoundError, match="nothere"):
-        ImageFolderDataModule(str(imagenet), train_split="nothere")
+        ImageFolderDataModule(root=str(imagenet), train_split="nothere")
 
 
 def test_datamodule_loaders(imagenet):
-    dm = ImageFolderDataModule(str(imagenet), img_size=16, batch_size=4, num_workers=0, mean=MEAN, std=STD)
+    dm = ImageFolderDataModule(
+        root=str(imagenet), img_size=16, mean=MEAN, std=STD, loader=LoaderConfig(batch_size=4, num_workers=0)
+    )
     dm.setup("fit")
     train = list(dm.train_dataloader())
     assert len(train) == 3  # 13 images, the partial batch dropped
@@ -136,7 +149,7 @@ def test_datamodule_loaders(imagenet):
         dm.setup("test")
     dm.setup("predict")
     assert len(dm.predict_dataloader().dataset) == 6  # the val split by default
-    too_big = ImageFolderDataModule(str(imagenet), img_size=16, num_workers=0)
+    too_big = ImageFolderDataModule(root=str(imagenet), img_size=16)  # its default batch of 64
     too_big.setup("fit")
     with pytest.raises(ValueError, match=f"{imagenet / 'train'}: .* training images but batch_size=64"):
         too_big.train_dataloader()
@@ -144,7 +157,9 @@ def test_datamodule_loaders(imagenet):
 
 def test_datamodule_test_split(imagenet):
     make_split(imagenet / "test", ["cat"])
-    dm = ImageFolderDataModule(str(imagenet), img_size=16, batch_size=2, num_workers=0, test_split="test")
+    dm = ImageFolderDataModule(
+        root=str(imagenet), img_size=16, test_split="test", loader=LoaderConfig(batch_size=2, num_workers=0)
+    )
     dm.setup("test")
     assert torch.cat([b.label for b in dm.test_dataloader()]).tolist() == [1, 1, 1]
     assert dm.test_dataloader().dataset.class_names == dm.class_names
@@ -153,7 +168,7 @@ def test_datamodule_test_split(imagenet):
 def test_the_run_seed_reproduces_the_training_batches(imagenet, monkeypatch):
     def first_batch(seed):
         monkeypatch.setenv("PL_GLOBAL_SEED", str(seed))  # what seed_everything sets
-        dm = ImageFolderDataModule(str(imagenet), img_size=16, batch_size=4, num_workers=0)
+        dm = ImageFolderDataModule(root=str(imagenet), img_size=16, loader=LoaderConfig(batch_size=4, num_workers=0))
         dm.setup("fit")
         return next(iter(dm.train_dataloader()))
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitdense.data import SegmentedImages, SyntheticSegmentation, SyntheticSegmentationDataModule
+from vitdense.data import LoaderConfig, SegmentedImages, SyntheticSegmentation, SyntheticSegmentationDataModule
 
 
 def test_samples_are_a_function_of_seed_and_index():
@@ -55,7 +55,9 @@ def test_class_count_is_checked():
 
 
 def test_datamodule():
-    dm = SyntheticSegmentationDataModule(num_classes=4, train_size=32, val_size=16, batch_size=8, eval_batch_size=5)
+    dm = SyntheticSegmentationDataModule(
+        num_classes=4, train_size=32, val_size=16, loader=LoaderConfig(batch_size=8, eval_batch_size=5)
+    )
     # known on construction, before setup: the CLI links them into the task
     assert dm.class_names == ["background", "circle", "square", "triangle"]
     assert dm.num_classes == 4 and dm.img_size == 64 and dm.ignore_index == 255

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
-from vitdense.data import SyntheticClassificationDataModule
+from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
 from vitdense.optim import WarmupCosineLR, WarmupPolyLR
 from vitdense.tasks import BackboneConfig, BaseTask
@@ -53,7 +53,9 @@ class TwoTermTask(BaseTask):
 
 def fit(task, epochs=2, batch_size=4, **trainer_args):
     """Train on 16 synthetic images (validate on 6); the trainer that ran."""
-    data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=6, batch_size=batch_size)
+    data = SyntheticClassificationDataModule(
+        img_size=32, train_size=16, val_size=6, loader=LoaderConfig(batch_size=batch_size)
+    )
     trainer = L.Trainer(
         max_epochs=epochs,
         accelerator="cpu",

@@ -8,7 +8,7 @@ import yaml
 
 from vitdense.backbone import VisionTransformer
 from vitdense.cli import main
-from vitdense.data import LabeledImages
+from vitdense.data import LabeledImages, LoaderConfig
 from vitdense.heads import ClassificationHead
 from vitdense.tasks import BackboneConfig, ClassificationTask
 from vitdense.types import ImageSizes
@@ -77,7 +77,7 @@ def test_checkpoint_reloads_with_load_from_checkpoint(tmp_path):
             "--trainer.limit_val_batches=1",
             "--trainer.enable_progress_bar=false",
             "--data.init_args.img_size=32",
-            "--data.init_args.batch_size=4",
+            "--data.init_args.loader.batch_size=4",
         ]
     )
     path = tmp_path / "model.ckpt"
@@ -117,7 +117,12 @@ def test_python_api_checkpoint_loads_with_weights_only(tmp_path):
 
     task = ClassificationTask(num_classes=4, backbone=BackboneConfig(img_size=32))
     trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
-    trainer.fit(task, datamodule=SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=4, batch_size=4))
+    trainer.fit(
+        task,
+        datamodule=SyntheticClassificationDataModule(
+            img_size=32, train_size=8, val_size=4, loader=LoaderConfig(batch_size=4)
+        ),
+    )
     path = tmp_path / "api.ckpt"
     trainer.save_checkpoint(path)
     reloaded = ClassificationTask.load_from_checkpoint(path)  # torch.load(weights_only=True) underneath

@@ -6,7 +6,7 @@ import timm
 import torch
 
 from vitdense.backbone import create_backbone
-from vitdense.data import SyntheticClassificationDataModule
+from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
 from vitdense.heads import probe_features
 from vitdense.tasks import BackboneConfig, LinearProbeTask
 
@@ -29,7 +29,9 @@ def fit(task, data, max_epochs=1, limit_batches=3):
 
 
 def test_backbone_bit_identical_and_best_of_several_lrs():
-    data = SyntheticClassificationDataModule(num_classes=4, img_size=32, batch_size=8, train_size=24, val_size=16)
+    data = SyntheticClassificationDataModule(
+        num_classes=4, img_size=32, train_size=24, val_size=16, loader=LoaderConfig(batch_size=8)
+    )
     task = LinearProbeTask(num_classes=4, lrs=[1e-3, 1e-1], backbone=TINY)
     before = {k: v.clone() for k, v in task.backbone.state_dict().items()}
     heads_before = [h.fc.weight.clone() for h in task.head]
@@ -64,7 +66,9 @@ def test_backbone_stays_in_eval_mode_while_training():
 
 
 def test_feature_cache_skips_the_backbone_after_the_first_pass():
-    data = SyntheticClassificationDataModule(num_classes=4, img_size=32, batch_size=8, train_size=16, val_size=8)
+    data = SyntheticClassificationDataModule(
+        num_classes=4, img_size=32, train_size=16, val_size=8, loader=LoaderConfig(batch_size=8)
+    )
     task = LinearProbeTask(num_classes=4, cache_features=True, backbone=TINY)
     calls = []
     task.backbone.register_forward_hook(lambda *_: calls.append(1))
@@ -96,7 +100,9 @@ def test_dinov2_features_match_timm_intermediates(tmp_path):
 
 
 def test_cached_features_are_kept_per_split():
-    data = SyntheticClassificationDataModule(num_classes=4, img_size=32, batch_size=8, train_size=16, val_size=8)
+    data = SyntheticClassificationDataModule(
+        num_classes=4, img_size=32, train_size=16, val_size=8, loader=LoaderConfig(batch_size=8)
+    )
     task = LinearProbeTask(num_classes=4, cache_features=True, backbone=TINY)
     calls = []
     task.backbone.register_forward_hook(lambda *_: calls.append(1))

@@ -55,8 +55,7 @@ def write_config(tmp_path: Path, run: str) -> Path:
         "init_args": {
             "root": str(image_folder(tmp_path / f"{run}_data")),
             "img_size": 32,
-            "batch_size": BATCH,
-            "num_workers": 2,
+            "loader": {"batch_size": BATCH, "num_workers": 2},
             "color_jitter": 0.4,
         },
     }
@@ -145,7 +144,8 @@ def test_detection_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
         "class_path": "vitdense.optim.WarmupMultiStepLR",
         "init_args": {"milestone_epochs": [1.5], "warmup_steps": 2},
     }
-    cfg["data"]["init_args"].update(img_size=32, train_size=24, val_size=2, batch_size=4)  # 6 steps per epoch
+    cfg["data"]["init_args"].update(img_size=32, train_size=24, val_size=2)
+    cfg["data"]["init_args"]["loader"]["batch_size"] = 4  # 6 steps per epoch
     config = tmp_path / "det.yaml"
     config.write_text(yaml.safe_dump(cfg))
 

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vitdense.data import SyntheticClassificationDataModule, SyntheticSegmentationDataModule
+from vitdense.data import LoaderConfig, SyntheticClassificationDataModule, SyntheticSegmentationDataModule
 from vitdense.data.synthetic_det import SyntheticDetectionDataModule
 from vitdense.heads import DETRHead
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
@@ -53,18 +53,27 @@ def decoded(event):
 
 
 def classification():
-    data = SyntheticClassificationDataModule(num_classes=3, img_size=32, train_size=8, val_size=12, batch_size=4)
+    data = SyntheticClassificationDataModule(
+        num_classes=3, img_size=32, train_size=8, val_size=12, loader=LoaderConfig(batch_size=4)
+    )
     return ClassificationTask(num_classes=3, class_names=data.class_names, backbone=TINY), data
 
 
 def segmentation():
-    data = SyntheticSegmentationDataModule(num_classes=3, img_size=32, train_size=8, val_size=12, batch_size=4)
+    data = SyntheticSegmentationDataModule(
+        num_classes=3, img_size=32, train_size=8, val_size=12, loader=LoaderConfig(batch_size=4)
+    )
     return SegmentationTask(num_classes=3, class_names=data.class_names, backbone=TINY), data
 
 
 def detection(tmp_path):
     data = SyntheticDetectionDataModule(
-        root=str(tmp_path / "det"), num_classes=3, img_size=32, train_size=8, val_size=12, batch_size=4
+        root=str(tmp_path / "det"),
+        num_classes=3,
+        img_size=32,
+        train_size=8,
+        val_size=12,
+        loader=LoaderConfig(batch_size=4),
     )
     data.prepare_data()
     head = partial(DETRHead, hidden_dim=32, num_heads=2, dim_feedforward=64, num_queries=10, dec_layers=1)

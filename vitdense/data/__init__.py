@@ -1,20 +1,17 @@
 """Datasets, transforms and DataModules."""
 
-from vitdense.data.ade20k import (
-    ADE20K_CLASSES,
-    ADE20K_PALETTE,
-    ADE20KDataModule,
-    SegmentationDataModule,
-    SegmentationFolderDataset,
-)
-from vitdense.data.base import ClassificationDataModule, ImageDataModule, image_dataloader
+from vitdense.data.ade20k import ADE20K_CLASSES, ADE20K_PALETTE, ADE20KDataModule
+from vitdense.data.base import ImageDataModule, LoaderConfig, image_dataloader
 from vitdense.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, CIFARImages
-from vitdense.data.coco import COCODataModule, CocoDetection, load_coco
+from vitdense.data.classification import ClassificationDataModule
+from vitdense.data.coco import COCODataModule, load_coco
 from vitdense.data.collate import pad_collate
 from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
+from vitdense.data.detection import CocoDetection, DetectionDataModule
 from vitdense.data.imagefolder import ImageFolderDataModule, ImageFolderDataset, find_classes
 from vitdense.data.images import ImageFiles, decode_image, find_images
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
+from vitdense.data.segmentation import SegmentationDataModule, SegmentationFolderDataset
 from vitdense.data.synthetic import SyntheticClassificationDataModule, SyntheticShapes
 from vitdense.data.synthetic_det import SyntheticDetectionDataModule, write_synthetic_coco
 from vitdense.data.synthetic_seg import SyntheticSegmentation, SyntheticSegmentationDataModule
@@ -36,6 +33,7 @@ __all__ = [
     "COCODataModule",
     "CocoDetection",
     "DetectedImages",
+    "DetectionDataModule",
     "ImageDataModule",
     "image_dataloader",
     "CIFARDataModule",
@@ -44,6 +42,7 @@ __all__ = [
     "ImageFolderDataModule",
     "ImageFolderDataset",
     "LabeledImages",
+    "LoaderConfig",
     "SegmentationDataModule",
     "SegmentationFolderDataset",
     "SegmentedImages",

@@ -1,13 +1,18 @@
-"""The one DataModule base (sizes, batch sizes, workers, normalisation, seeding, loaders)
-and the loader every image batch goes through."""
+"""The one DataModule base (image size, loader settings, normalisation, seeding, setup,
+loaders) and the loader every image batch goes through; each task family's base builds on
+it (`classification.py`, `segmentation.py`, `detection.py`)."""
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import re
+import sys
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal
 
 import albumentations as A
@@ -19,15 +24,8 @@ from torch.utils.data import DataLoader, Dataset
 from vitdense.data.collate import pad_collate
 from vitdense.data.images import ImageFiles
 from vitdense.data.samplers import EpochSeededDataset, EvalSampler, TrainSampler, data_seed, resume_position
-from vitdense.data.transforms import (
-    classification_eval_transforms,
-    classification_train_transforms,
-    process_seed,
-    resolve_normalization,
-    seed_worker_transforms,
-)
+from vitdense.data.transforms import process_seed, resolve_normalization, seed_worker_transforms
 from vitdense.errors import DataError
-from vitdense.types import LabeledImages
 
 Triple = tuple[float, float, float]
 
@@ -113,13 +111,13 @@ def skip_collate(samples: list[Any], collate: Callable[[list[Any]], Any]) -> Any
 
 def image_dataloader(
     dataset: Dataset,
-    batch_size: int,
-    num_workers: int,
+    loader: LoaderConfig,
     train: bool,
     collate_fn: Callable | None = None,
     position: Callable[[], tuple[int, int]] | None = None,
 ) -> DataLoader:
-    """Loader of image batches (`pad_collate` by default), in a resumable, process-aware order.
+    """Loader of image batches (`pad_collate` by default) as `loader` says, in a resumable,
+    process-aware order.
 
     Training shuffles with a `TrainSampler` (seeded per epoch, sharded across processes,
     each sample's augmentation seeded from (seed, epoch, index)) and drops the last partial
@@ -131,10 +129,11 @@ def image_dataloader(
     """
     seed = data_seed()
     common = dict(
-        batch_size=batch_size,
+        batch_size=loader.batch_size if train else loader.eval_size,
         drop_last=train,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
+        num_workers=loader.num_workers,
+        persistent_workers=loader.num_workers > 0,
+        pin_memory=loader.pin_memory,
         worker_init_fn=seed_worker_transforms,
         collate_fn=collate_fn or pad_collate,
         generator=torch.Generator().manual_seed(seed),
@@ -150,35 +149,96 @@ def check_train_size(dataset: Dataset, batch_size: int, where: str | Path) -> No
     if len(dataset) < batch_size:
         raise DataError(
             f"{where}: {len(dataset)} training images but batch_size={batch_size}, so no full batch; "
-            "lower batch_size or add images"
+            "lower data.init_args.loader.batch_size or add images"
         )
 
 
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How a DataModule loads its batches (one YAML block, `data.init_args.loader`, shared by
+    every DataModule, as `model.init_args.backbone` is by every task).
+
+    Attributes:
+        batch_size: training batch size (per process).
+        eval_batch_size: validation/test/predict batch size; None: `batch_size`.
+        num_workers: loader worker processes (0: load in the main process).
+        pin_memory: copy batches into page-locked memory (faster host-to-GPU copies).
+        on_bad_sample: what an unreadable sample (corrupt, truncated or empty file, a label
+            map that does not fit its image) does: "raise" stops with the file named;
+            "skip" leaves it out of its batch, logs the file, and logs the epoch's total
+            (`{stage}/skipped_samples`).
+    """
+
+    batch_size: int = 32
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    pin_memory: bool = False
+    on_bad_sample: Literal["raise", "skip"] = "raise"
+
+    def __post_init__(self) -> None:
+        if self.on_bad_sample not in ("raise", "skip"):
+            raise DataError(f"data.init_args.loader.on_bad_sample={self.on_bad_sample!r}: choose raise or skip")
+        require_positive(**{"loader.batch_size": self.batch_size, "loader.eval_batch_size": self.eval_batch_size})
+        if self.num_workers < 0:
+            raise DataError(
+                f"data.init_args.loader.num_workers={self.num_workers}: must be 0 (load in the main process) or more"
+            )
+
+    @property
+    def eval_size(self) -> int:
+        """The evaluation batch size (`eval_batch_size`, else `batch_size`)."""
+        return self.eval_batch_size or self.batch_size
+
+
+def loader_key_hint(message: str) -> str:
+    """`message` (a parser error) naming the new key when it rejects a loader setting given
+    the old, flat way (`data.init_args.batch_size`, now `data.init_args.loader.batch_size`)."""
+    rejected = re.search(r"Option '(\w+)' is not accepted", message)
+    if rejected is None or rejected.group(1) not in {f.name for f in fields(LoaderConfig)}:
+        return message
+    name = rejected.group(1)
+    return (
+        f"data.init_args.{name}: the loader settings live in one block now; write "
+        f"data.init_args.loader.{name} (YAML: `loader: {{{name}: ...}}` under data.init_args)"
+    )
+
+
+def _outermost_init(obj: Any) -> FrameType:
+    """The frame of the most specific constructor running on `obj` (called from a base's
+    `__init__`): the constructor that was called, whose arguments rebuild the object."""
+    frame = sys._getframe(1)
+    outer = frame
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is obj:
+        outer, frame = frame, frame.f_back
+    return outer
+
+
 class ImageDataModule(L.LightningDataModule):
-    """The one base of every vitdense DataModule: image size, batch sizes, workers,
-    normalisation, augmentation seeding and the four split loaders live here.
+    """The one base of every vitdense DataModule: image size, loader settings,
+    normalisation, augmentation seeding, hyperparameters, `setup` and the four split loaders
+    live here.
 
     A subclass sets `num_classes` and `class_names` in `__init__` (the CLI links them, and
     `img_size`, into the task before anything is read from disk) and fills
-    `train_dataset` / `val_dataset` / `test_dataset` / `predict_dataset` in `setup`. Every
-    loader batches with `pad_collate` (label maps padded with `ignore_index`); training
-    shuffles and drops the last partial batch, and fails early naming `train_location` when
-    the split holds less than one batch.
+    `train_dataset` / `val_dataset` / `test_dataset` / `predict_dataset` in `setup_splits`
+    (the base's `setup` calls it, unless predicting on `predict_dir`). Every loader batches
+    with `pad_collate` (label maps padded with `ignore_index`); training shuffles and drops
+    the last partial batch, and fails early naming `train_location` when the split holds
+    less than one batch.
+
+    The arguments of the constructor that was called (the most specific class's, not what
+    it passes to its bases) are the hyperparameters a checkpoint records, so that
+    `type(dm)(**dm.hparams)` rebuilds the DataModule; `record` adds what the data decided
+    (normalisation, classes) under the constructor's own keys.
 
     Args:
         img_size: side of the square training images; the task's native input size.
-        batch_size: training batch size (per process).
-        eval_batch_size: validation/test/predict batch size; None: `batch_size`.
-        num_workers: loader worker processes.
+        loader: batch sizes, workers and bad-sample handling (`LoaderConfig`).
         backbone: timm model name whose pretrained normalisation to use (see `normalization`).
         mean, std: explicit normalisation; each wins over the backbone's.
         predict_dir: a folder of unlabelled images (any size and format, searched
             recursively) to predict on instead of the dataset's own split; the dataset
             itself need not be present then (classes come from the checkpoint).
-        on_bad_sample: what an unreadable sample (corrupt, truncated or empty file, a label
-            map that does not fit its image) does: "raise" stops with the file named;
-            "skip" leaves it out of its batch, logs the file, and logs the epoch's total
-            (`{stage}/skipped_samples`).
     """
 
     #: label of unlabelled pixels; label maps are padded with it (segmentation)
@@ -188,34 +248,39 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
+        *,
         img_size: int,
-        batch_size: int,
-        eval_batch_size: int | None,
-        num_workers: int,
-        backbone: str | None,
-        mean: Triple | None,
-        std: Triple | None,
+        loader: LoaderConfig,
+        backbone: str | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
         predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__()
-        if on_bad_sample not in ("raise", "skip"):
-            raise DataError(f"on_bad_sample={on_bad_sample!r}: choose raise or skip")
-        require_positive(img_size=img_size, batch_size=batch_size, eval_batch_size=eval_batch_size)
-        if num_workers < 0:
-            raise DataError(f"data.init_args.num_workers={num_workers}: must be 0 (load in the main process) or more")
+        # the encoder name only picks mean and std (kept as attributes); the task logs it already
+        self.save_hyperparameters(ignore=["backbone"], frame=_outermost_init(self))
+        if isinstance(self.hparams.get("loader"), LoaderConfig):  # a plain dict: checkpoints load it safely
+            self.hparams["loader"] = asdict(self.hparams["loader"])
+        require_positive(img_size=img_size)
         self.img_size = img_size
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
+        self.loader = loader
         self.mean, self.std = resolve_normalization(backbone, mean, std)
         self.predict_dir = predict_dir
-        self.on_bad_sample = on_bad_sample
         self._skipping: dict[str, SkipBadSamples] = {}
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self.test_dataset: Dataset | None = None
         self.predict_dataset: Dataset | None = None
+
+    @property
+    def on_bad_sample(self) -> str:
+        return self.loader.on_bad_sample
+
+    def record(self, **decided: Any) -> None:
+        """Record what the data decided (normalisation, classes) in the hyperparameters, so that
+        a checkpoint rebuilds the DataModule without the dataset; only keys the constructor
+        takes (a subclass that fixes them records nothing)."""
+        self.hparams.update({k: v for k, v in decided.items() if k in self.hparams})
 
     @property
     def train_location(self) -> str:
@@ -230,16 +295,17 @@ class ImageDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         """The datasets of `stage`: `predict_dir`'s images when predicting on a folder, else
-        the subclass's splits (`setup_splits`)."""
-        if "mean" in self.hparams:  # checkpoints record the normalisation used, also one taken from the backbone
-            self.hparams.update(mean=list(self.mean), std=list(self.std))
+        the subclass's splits (`setup_splits`). Subclasses override `setup_splits`, not this."""
+        # checkpoints record the normalisation used, also one taken from the backbone
+        self.record(mean=list(self.mean), std=list(self.std))
         if stage == "predict" and self.predict_dir is not None:
             self.predict_dataset = ImageFiles(self.predict_dir, self.predict_sample())
         else:
             self.setup_splits(stage)
 
     def setup_splits(self, stage: str) -> None:
-        """Fill `train_dataset` / `val_dataset` / `test_dataset` / `predict_dataset` for `stage`."""
+        """Fill `train_dataset` / `val_dataset` / `test_dataset` / `predict_dataset` for `stage`
+        ("fit", "validate", "test" or "predict")."""
         raise NotImplementedError(f"{type(self).__name__} must implement setup_splits")
 
     def predict_sample(self) -> Callable[[np.ndarray, int], Any]:
@@ -252,14 +318,13 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(f"{type(self).__name__} has no {split} split (setup did not create one)")
         train = split == "train"
         if train:
-            check_train_size(dataset, self.batch_size, self.train_location)
-        batch_size = self.batch_size if train else self.eval_batch_size
+            check_train_size(dataset, self.loader.batch_size, self.train_location)
         collate = partial(pad_collate, ignore_index=self.ignore_index)
-        if self.on_bad_sample == "skip":
+        if self.loader.on_bad_sample == "skip":
             dataset = self._skipping[split] = SkipBadSamples(dataset)
             collate = partial(skip_collate, collate=collate)
         position = (lambda: resume_position(self.trainer)) if train else None
-        return image_dataloader(dataset, batch_size, self.num_workers, train, collate, position)
+        return image_dataloader(dataset, self.loader, train, collate, position)
 
     def take_skipped(self, stage: str) -> int:
         """Bad samples skipped in `stage` ("train", "val", "test", "predict") since the last
@@ -280,22 +345,4 @@ class ImageDataModule(L.LightningDataModule):
         return self._loader(self.predict_dataset, "predict")
 
 
-class ClassificationDataModule(ImageDataModule):
-    """An `ImageDataModule` with timm's ImageNet pipelines (`classification_train_transforms`,
-    `classification_eval_transforms`) at `img_size`."""
-
-    def train_transforms(self, scale: tuple[float, float], color_jitter: float) -> A.Compose:
-        return self.seeded(
-            classification_train_transforms(self.img_size, self.mean, self.std, scale, color_jitter=color_jitter)
-        )
-
-    def eval_transforms(self, crop_pct: float) -> A.Compose:
-        return classification_eval_transforms(self.img_size, self.mean, self.std, crop_pct=crop_pct)
-
-    def predict_sample(self) -> Callable[[np.ndarray, int], LabeledImages]:
-        return partial(labeled_sample, self.eval_transforms(getattr(self, "crop_pct", 1.0)))
-
-
-def labeled_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> LabeledImages:
-    """An unlabelled image (label -1) for a classification task's `predict_step`."""
-    return LabeledImages(transform(image=image)["image"], -1, index)
+torch.serialization.add_safe_globals([LoaderConfig])

@@ -15,7 +15,8 @@ import numpy as np
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
-from vitdense.data.base import ClassificationDataModule
+from vitdense.data.base import LoaderConfig, Triple
+from vitdense.data.classification import ClassificationDataModule
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -75,6 +76,9 @@ class CIFARImages(Dataset):
         return LabeledImages(image, int(self.labels[i]), index)
 
 
+CIFAR_LOADER = LoaderConfig(batch_size=64, num_workers=4)
+
+
 class CIFARDataModule(ClassificationDataModule):
     """CIFAR-10 or CIFAR-100 under `root` (torchvision's layout: `root/cifar-100-python/...`).
 
@@ -86,59 +90,52 @@ class CIFARDataModule(ClassificationDataModule):
         root: folder holding (or to receive) the extracted archive.
         variant: "cifar10" or "cifar100" (fine labels).
         img_size: side the 32x32 images are upsampled to.
-        batch_size, num_workers: loader settings.
-        backbone: timm model name whose pretrained normalisation to use (see `normalization`).
-        mean, std: explicit normalisation; each wins over the backbone's.
         download: fetch the archive in `prepare_data` when it is not under `root`.
         val_fraction: fraction of the training set held out for validation (0: validate on
             the test set, as the ViT paper's transfer numbers do).
         seed: seed of the held-out split.
         scale: area range of the training random resized crop.
         color_jitter: training colour jitter strength (0, the default, disables it).
+        loader, backbone, mean, std: see `ImageDataModule`.
         predict_dir: predict on this folder of images (resized whole to img_size) instead
             of the test split (see `ImageDataModule`).
     """
 
     def __init__(
         self,
+        *,
         root: str = "data/cifar",
         variant: Literal["cifar10", "cifar100"] = "cifar100",
         img_size: int = 224,
-        batch_size: int = 64,
-        num_workers: int = 4,
-        backbone: str | None = None,
-        mean: tuple[float, float, float] | None = None,
-        std: tuple[float, float, float] | None = None,
         download: bool = True,
         val_fraction: float = 0.0,
         seed: int = 0,
         scale: tuple[float, float] = (0.08, 1.0),
         color_jitter: float = 0.0,
-        eval_batch_size: int | None = None,
+        loader: LoaderConfig = CIFAR_LOADER,
+        backbone: str | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
         predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__(
-            img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
+            img_size=img_size, loader=loader, backbone=backbone, mean=mean, std=std, predict_dir=predict_dir
         )
         if variant not in _VARIANTS:
             raise DataError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
         if not 0 <= val_fraction < 1:
             raise DataError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
-        # the encoder name only picks mean and std (kept as attributes); the task logs it already
-        self.save_hyperparameters(ignore=["backbone"])
         self.root = Path(root)
         self.variant, self.download, self.val_fraction, self.seed = variant, download, val_fraction, seed
         self.scale, self.color_jitter = tuple(scale), color_jitter
         self.dataset_class, names = _VARIANTS[variant]
         self.class_names = list(names)
         self.num_classes = len(names)
-        self.crop_pct = 1.0  # CIFAR is resized whole
 
     def _missing(self, reason: str) -> FileNotFoundError:
         cls = self.dataset_class
         return FileNotFoundError(
-            f"{self.root / cls.base_folder}: {self.variant} {reason}; set data.download=true, "
+            f"{self.root / cls.base_folder}: {self.variant} {reason}; set data.init_args.download=true, "
             f"or fetch {cls.url} and extract it into {self.root}"
         )
 
@@ -170,7 +167,7 @@ class CIFARDataModule(ClassificationDataModule):
         return str(self.root / self.dataset_class.base_folder)
 
     def setup_splits(self, stage: str) -> None:
-        eval_transform = self.eval_transforms(self.crop_pct)
+        eval_transform = self.eval_transforms()
         if stage in ("fit", "validate"):
             if self.val_fraction > 0:
                 images, labels = self._load(train=True)

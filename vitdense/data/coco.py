@@ -1,4 +1,5 @@
-"""Object detection from COCO-format datasets: COCO 2017 and anyone's own images + JSON.
+"""COCO-format datasets (COCO 2017 and anyone's own images + JSON): reading and checking
+the JSON, writing results, and the DataModule.
 
 The layout is COCO's, the generic one for users' own datasets:
 
@@ -19,27 +20,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import albumentations as A
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 from torchvision.ops import box_convert
 
-from vitdense.data.base import ImageDataModule, require_positive
-from vitdense.data.det_transforms import DETR_SCALES, detection_eval_transforms, detection_train_transforms
-from vitdense.data.images import apply_orientation, read_image
+from vitdense.data.base import LoaderConfig, Triple
+from vitdense.data.det_transforms import DETR_SCALES
+from vitdense.data.detection import DetectionDataModule
 from vitdense.errors import DataError
-from vitdense.types import BoxTargets, DetectedImages, Detections, EvalTargets
+from vitdense.types import Detections
 
 _logger = logging.getLogger(__name__)
-
-Triple = tuple[float, float, float]
 
 LAYOUT = "<root>/<images folder>/<file_name> with <root>/annotations/instances_<split>.json (COCO JSON)"
 
@@ -225,96 +220,32 @@ def coco_results(
     return results
 
 
-class CocoDetection(Dataset):
-    """A COCO-format split as `DetectedImages`.
-
-    Args:
-        index: the checked JSON (`load_coco`).
-        transform: albumentations pipeline called as `transform(image=, bboxes=, labels=)`
-            (`detection_train_transforms` / `detection_eval_transforms`).
-        with_eval_targets: attach the original annotations (`EvalTargets`) for evaluation.
-    """
-
-    def __init__(
-        self, index: CocoIndex, transform: Callable[..., dict[str, Any]], with_eval_targets: bool = True
-    ) -> None:
-        self.index = index
-        self.transform = transform
-        self.with_eval_targets = with_eval_targets
-
-    def __len__(self) -> int:
-        return len(self.index.images)
-
-    @property
-    def image_paths(self) -> list[Path]:
-        return [self.index.image_dir / img.file_name for img in self.index.images]
-
-    def __getitem__(self, i: int) -> DetectedImages:
-        entry = self.index.images[i]
-        path = self.index.image_dir / entry.file_name
-        # COCO's sizes and boxes are those of the pixels as stored (pycocotools and torchvision
-        # ignore EXIF orientation); a dataset annotated on upright photos matches after turning
-        pixels, code = read_image(path)
-        upright = apply_orientation(pixels, code)
-        image = pixels if pixels.shape[:2] == (entry.height, entry.width) else upright
-        if image.shape[:2] != (entry.height, entry.width):
-            raise DataError(
-                f"{path}: the image is {image.shape[1]}x{image.shape[0]} (width x height) but "
-                f"{self.index.annotation_file} says {entry.width}x{entry.height}; fix the JSON entry of image id {entry.id}"
-            )
-        out = self.transform(image=image, bboxes=entry.boxes, labels=entry.labels)
-        img = out["image"]
-        height, width = img.shape[-2:]
-        corners = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
-        labels = torch.as_tensor(np.asarray(out["labels"]), dtype=torch.int64).reshape(-1)
-        keep = (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
-        corners, labels = corners[keep], labels[keep]
-        scale = torch.tensor([width, height, width, height], dtype=torch.float32)
-        boxes = box_convert(corners / scale, "xyxy", "cxcywh")
-        eval_targets = None
-        if self.with_eval_targets:
-            eval_targets = EvalTargets(
-                torch.from_numpy(entry.eval_boxes),
-                torch.from_numpy(entry.eval_labels),
-                torch.from_numpy(entry.eval_iscrowd),
-                torch.from_numpy(entry.eval_area),
-            )
-        return DetectedImages(
-            img,
-            BoxTargets(boxes, labels),
-            i,
-            image_sizes=(int(height), int(width)),
-            orig_sizes=(entry.height, entry.width),
-            eval_targets=eval_targets,
-        )
+#: DETR's 2 images per GPU
+COCO_LOADER = LoaderConfig(batch_size=2, num_workers=2)
 
 
-class COCODataModule(ImageDataModule):
+class COCODataModule(DetectionDataModule):
     """COCO 2017, or any dataset in its layout (images + COCO JSON per split).
 
-    Training uses DETR's augmentation (flip; shortest side from `scales`, longest <=
-    `max_size`, or resize, random-size crop, resize); evaluation resizes the shortest side to
-    `eval_short_side`. The class count and names come from the validation JSON's
-    categories, read at construction so that the CLI can give them to the task.
+    The class count and names come from the validation JSON's categories, read at
+    construction so that the CLI can give them to the task.
 
     Args:
         root: dataset folder.
         train_images, val_images, test_images: image folders under `root` (test: the
             validation split unless given).
         train_annotations, val_annotations, test_annotations: COCO JSON files under `root`.
-        img_size: the backbone's native input size (its position embeddings are resampled
-            to every image's own grid); not the size images are resized to.
-        scales, max_size, crop_scales, crop_size: DETR's training resize and crop settings.
-        eval_short_side: shortest side in evaluation (DETR: 800).
-        batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir: see
-            `ImageDataModule`.
         categories: {category id: name}; None: the validation JSON's (a checkpoint records
             them, so that predicting on a folder of images needs no annotations). When
             given, every split's JSON must list the same.
+        img_size, scales, max_size, crop_scales, crop_size, eval_short_side: see
+            `DetectionDataModule`.
+        loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
     def __init__(
         self,
+        *,
         root: str = "data/coco",
         train_images: str = "train2017",
         train_annotations: str = "annotations/instances_train2017.json",
@@ -322,31 +253,31 @@ class COCODataModule(ImageDataModule):
         val_annotations: str = "annotations/instances_val2017.json",
         test_images: str | None = None,
         test_annotations: str | None = None,
+        categories: dict[int, str] | None = None,
         img_size: int = 224,
         scales: list[int] = list(DETR_SCALES),  # noqa: B006 (jsonargparse reads the default)
         max_size: int | None = 1333,
         crop_scales: list[int] = [400, 500, 600],  # noqa: B006
         crop_size: tuple[int, int] = (384, 600),
         eval_short_side: int = 800,
-        batch_size: int = 2,
-        eval_batch_size: int | None = None,
-        num_workers: int = 2,
+        loader: LoaderConfig = COCO_LOADER,
         backbone: str | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
         predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
-        categories: dict[int, str] | None = None,
     ) -> None:
         super().__init__(
-            img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
-        )
-        require_positive(
+            img_size=img_size,
             scales=scales,
             max_size=max_size,
             crop_scales=crop_scales,
             crop_size=crop_size,
             eval_short_side=eval_short_side,
+            loader=loader,
+            backbone=backbone,
+            mean=mean,
+            std=std,
+            predict_dir=predict_dir,
         )
         self.root = Path(root)
         self.splits = {
@@ -354,17 +285,13 @@ class COCODataModule(ImageDataModule):
             "val": (val_images, val_annotations),
             "test": (test_images or val_images, test_annotations or val_annotations),
         }
-        self.scales, self.max_size = list(scales), max_size
-        self.crop_scales, self.crop_size = list(crop_scales), tuple(crop_size)
-        self.eval_short_side = eval_short_side
         if categories is None:
             self.category_ids, self.class_names = self.read_categories()
         else:
             self.category_ids, self.class_names = [int(c) for c in categories], list(categories.values())
         self.num_classes = len(self.class_names)
-        self.save_hyperparameters(ignore=["backbone"])
         # a checkpoint records the categories: it predicts on a folder without the JSON
-        self.hparams["categories"] = dict(zip(self.category_ids, self.class_names, strict=True))
+        self.record(categories=dict(zip(self.category_ids, self.class_names, strict=True)))
         self.indexes: dict[str, CocoIndex] = {}
 
     def annotation_path(self, split: str) -> Path:
@@ -377,7 +304,7 @@ class COCODataModule(ImageDataModule):
             raise FileNotFoundError(
                 f"{path}: COCO annotations not found; expected layout {LAYOUT} "
                 "(COCO 2017: download, check and extract it with `python data_scripts/coco.py --out "
-                f"{self.root}`), or point data.root at your dataset"
+                f"{self.root}`), or point data.init_args.root at your dataset"
             )
         return read_categories(path)
 
@@ -397,35 +324,3 @@ class COCODataModule(ImageDataModule):
                 )
             self.indexes[split] = index
         return self.indexes[split]
-
-    def train_transforms(self) -> A.Compose:
-        return self.seeded(
-            detection_train_transforms(
-                self.mean, self.std, self.scales, self.max_size, self.crop_scales, self.crop_size
-            )
-        )
-
-    def eval_transforms(self) -> A.Compose:
-        return detection_eval_transforms(self.mean, self.std, self.eval_short_side, self.max_size)
-
-    def setup_splits(self, stage: str) -> None:
-        if stage == "fit":
-            self.train_dataset = CocoDetection(self.index("train"), self.train_transforms(), with_eval_targets=False)
-        if stage in ("fit", "validate", "predict"):
-            self.val_dataset = self.predict_dataset = CocoDetection(self.index("val"), self.eval_transforms())
-        if stage == "test":
-            self.test_dataset = CocoDetection(self.index("test"), self.eval_transforms())
-
-    def predict_sample(self) -> Callable[[np.ndarray, int], DetectedImages]:
-        return partial(detected_sample, self.eval_transforms())
-
-
-def detected_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> DetectedImages:
-    """An unlabelled image for a detection task's `predict_step` (no objects; boxes are
-    predicted at the image's own size)."""
-    out = transform(image=image, bboxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64))
-    img = out["image"]
-    no_objects = BoxTargets(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
-    return DetectedImages(
-        img, no_objects, index, image_sizes=tuple(img.shape[-2:]), orig_sizes=(int(image.shape[0]), int(image.shape[1]))
-    )

@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+import albumentations as A
 from torch.utils.data import Dataset
 
-from vitdense.data.base import ClassificationDataModule
+from vitdense.data.base import LoaderConfig, Triple
+from vitdense.data.classification import ClassificationDataModule
 from vitdense.data.images import IMAGE_SUFFIXES, decode_image
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
@@ -114,6 +116,9 @@ class ImageFolderDataset(Dataset):
         return LabeledImages(image, label, index)
 
 
+IMAGEFOLDER_LOADER = LoaderConfig(batch_size=64, num_workers=4)
+
+
 class ImageFolderDataModule(ClassificationDataModule):
     """ImageNet-style folders: `root/<train_split>/<class>/<image>`, `root/<val_split>/...`.
 
@@ -123,79 +128,71 @@ class ImageFolderDataModule(ClassificationDataModule):
     Args:
         root: dataset folder holding one folder per split.
         img_size: side of the square images fed to the model.
-        batch_size, eval_batch_size, num_workers: loader settings (eval_batch_size None: = batch_size).
-        backbone: timm model name whose pretrained normalisation to use (see `normalization`).
-        mean, std: explicit normalisation; each wins over the backbone's.
         train_split, val_split, test_split: split folder names under `root`; no test split
             by default.
+        predict_split: split folder to predict on; defaults to `val_split`.
         scale: area range of the training random resized crop.
         color_jitter: training colour jitter strength (0 disables it).
         crop_pct: evaluation centre-crop fraction (images are resized to img_size / crop_pct).
-        predict_split: split folder to predict on; defaults to `val_split`.
-        predict_dir: predict on this folder of images instead (see `ImageDataModule`).
         classes: class names in label order; None: the train split's sorted folder names
             (a checkpoint records them, so predicting on a folder needs no dataset).
+        loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
     def __init__(
         self,
+        *,
         root: str,
         img_size: int = 224,
-        batch_size: int = 64,
-        num_workers: int = 4,
-        backbone: str | None = None,
-        mean: tuple[float, float, float] | None = None,
-        std: tuple[float, float, float] | None = None,
         train_split: str = "train",
         val_split: str = "val",
         test_split: str | None = None,
+        predict_split: str | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
         color_jitter: float = 0.4,
         crop_pct: float = 0.875,
-        predict_split: str | None = None,
-        eval_batch_size: int | None = None,
-        predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
         classes: list[str] | None = None,
+        loader: LoaderConfig = IMAGEFOLDER_LOADER,
+        backbone: str | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__(
-            img_size, batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir, on_bad_sample
+            img_size=img_size, loader=loader, backbone=backbone, mean=mean, std=std, predict_dir=predict_dir
         )
         self.root = Path(root)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         self.predict_split = predict_split or val_split
         self.scale, self.color_jitter, self.crop_pct = tuple(scale), color_jitter, crop_pct
-        # the encoder name only picks mean and std (kept as attributes); the task logs it already
-        self.save_hyperparameters(ignore=["backbone"])
         if classes is None:
             classes = find_classes(self.root / train_split)
         elif (self.root / train_split).is_dir() and find_classes(self.root / train_split) != list(classes):
             raise DataError(
-                f"data.classes differ from the class folders of {self.root / train_split}; "
+                f"data.init_args.classes differ from the class folders of {self.root / train_split}; "
                 "leave classes unset to take the folders' names"
             )
         self.class_names = list(classes)
         self.num_classes = len(self.class_names)
-        self.hparams["classes"] = self.class_names  # a checkpoint predicts on a folder without the dataset
+        self.record(classes=self.class_names)  # a checkpoint predicts on a folder without the dataset
 
     @property
     def train_location(self) -> str:
         return str(self.root / self.train_split)
 
-    def _eval_split(self, split: str) -> ImageFolderDataset:
-        return ImageFolderDataset(self.root / split, self.eval_transforms(self.crop_pct), class_names=self.class_names)
+    def _split(self, split: str, transform: A.Compose) -> ImageFolderDataset:
+        return ImageFolderDataset(self.root / split, transform, class_names=self.class_names)
 
     def setup_splits(self, stage: str) -> None:
         if stage == "fit":
-            train_transform = self.train_transforms(self.scale, self.color_jitter)
-            self.train_dataset = ImageFolderDataset(
-                self.root / self.train_split, train_transform, class_names=self.class_names
-            )
+            self.train_dataset = self._split(self.train_split, self.train_transforms(self.scale, self.color_jitter))
         if stage in ("fit", "validate"):
-            self.val_dataset = self._eval_split(self.val_split)
+            self.val_dataset = self._split(self.val_split, self.eval_transforms())
         if stage == "test":
             if self.test_split is None:
-                raise DataError(f"{self.root}: no test split configured; set data.test_split to its folder name")
-            self.test_dataset = self._eval_split(self.test_split)
+                raise DataError(
+                    f"{self.root}: no test split configured; set data.init_args.test_split to its folder name"
+                )
+            self.test_dataset = self._split(self.test_split, self.eval_transforms())
         if stage == "predict":
-            self.predict_dataset = self._eval_split(self.predict_split)
+            self.predict_dataset = self._split(self.predict_split, self.eval_transforms())

@@ -6,16 +6,12 @@ of (seed, split, index), so runs are reproducible and workers need no shared sta
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import partial
-from typing import Literal
-
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vitdense.data.base import ImageDataModule, labeled_sample
-from vitdense.data.transforms import classification_eval_transforms
+from vitdense.data.base import LoaderConfig, Triple
+from vitdense.data.classification import ClassificationDataModule
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -97,7 +93,10 @@ class SyntheticShapes(Dataset):
         return LabeledImages(torch.from_numpy(img).permute(2, 0, 1).contiguous(), label, index)
 
 
-class SyntheticClassificationDataModule(ImageDataModule):
+SYNTHETIC_LOADER = LoaderConfig(batch_size=32)
+
+
+class SyntheticClassificationDataModule(ClassificationDataModule):
     """Synthetic shapes for classification: train/val/test splits that never overlap
     (predict uses the validation images).
 
@@ -105,8 +104,8 @@ class SyntheticClassificationDataModule(ImageDataModule):
         num_classes: shapes to tell apart (2..6).
         img_size: image side.
         train_size, val_size: samples per split (test uses val_size).
-        batch_size, eval_batch_size, num_workers: loader settings (eval_batch_size None: = batch_size).
         seed: base seed of the generator.
+        loader, mean, std: see `ImageDataModule`.
         backbone: timm name of the encoder (linked by the CLI); images are normalised with
             its pretrained mean and std.
         predict_dir: predict on this folder of images (resized whole to img_size) instead
@@ -115,23 +114,21 @@ class SyntheticClassificationDataModule(ImageDataModule):
 
     def __init__(
         self,
+        *,
         num_classes: int = 4,
         img_size: int = 64,
         train_size: int = 2000,
         val_size: int = 400,
-        batch_size: int = 32,
-        num_workers: int = 0,
         seed: int = 0,
+        loader: LoaderConfig = SYNTHETIC_LOADER,
         backbone: str | None = None,
-        eval_batch_size: int | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
         predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__(
-            img_size, batch_size, eval_batch_size, num_workers, backbone, None, None, predict_dir, on_bad_sample
+            img_size=img_size, loader=loader, backbone=backbone, mean=mean, std=std, predict_dir=predict_dir
         )
-        # the encoder name only picks mean and std (kept as attributes); the task logs it already
-        self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES):
             raise DataError(f"num_classes={num_classes}: the synthetic data has 2 to {len(SHAPES)} shapes")
         self.num_classes = num_classes
@@ -140,13 +137,17 @@ class SyntheticClassificationDataModule(ImageDataModule):
 
     def split(self, name: str) -> SyntheticShapes:
         """A split's images; the split's name is mixed into the seed so that splits never overlap."""
-        offset, length = {"train": (0, self.train_size), "val": (1, self.val_size), "test": (2, self.val_size)}[name]
-        return SyntheticShapes(length, self.img_size, self.num_classes, self.seed * 10 + offset, self.mean, self.std)
+        seed, length = split_seed(self.seed, name, self.train_size, self.val_size)
+        return SyntheticShapes(length, self.img_size, self.num_classes, seed, self.mean, self.std)
 
     def setup_splits(self, stage: str) -> None:
         self.train_dataset = self.split("train")
         self.val_dataset = self.predict_dataset = self.split("val")
         self.test_dataset = self.split("test")
 
-    def predict_sample(self) -> Callable[[np.ndarray, int], LabeledImages]:
-        return partial(labeled_sample, classification_eval_transforms(self.img_size, self.mean, self.std, 1.0))
+
+def split_seed(seed: int, split: str, train_size: int, val_size: int) -> tuple[int, int]:
+    """(seed, length) of a synthetic split: the split is mixed into the seed so that splits
+    never overlap; test is as long as validation."""
+    offset, length = {"train": (0, train_size), "val": (1, val_size), "test": (2, val_size)}[split]
+    return seed * 10 + offset, length

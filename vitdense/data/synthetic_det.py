@@ -12,18 +12,16 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 from PIL import Image
 
+from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.coco import COCODataModule
 from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
 from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)
-
-Triple = tuple[float, float, float]
 
 
 def synthetic_objects(
@@ -104,6 +102,9 @@ def write_synthetic_coco(
     return path
 
 
+SYNTHETIC_DET_LOADER = LoaderConfig(batch_size=16)
+
+
 class SyntheticDetectionDataModule(COCODataModule):
     """Synthetic shapes as a COCO dataset, generated on first use under `root`.
 
@@ -122,12 +123,12 @@ class SyntheticDetectionDataModule(COCODataModule):
         max_size: bound of the longest side in training and evaluation (None: img_size, so
             every image fits in an img_size square; evaluation resizes the shortest side to
             img_size unless that bound is hit).
-        batch_size, eval_batch_size, num_workers, backbone, mean, std, predict_dir: see
-            `ImageDataModule`.
+        loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
     def __init__(
         self,
+        *,
         root: str = "data/synthetic_det",
         num_classes: int = 3,
         img_size: int = 64,
@@ -136,14 +137,11 @@ class SyntheticDetectionDataModule(COCODataModule):
         seed: int = 0,
         scales: list[int] | None = None,
         max_size: int | None = None,
-        batch_size: int = 16,
-        eval_batch_size: int | None = None,
-        num_workers: int = 0,
+        loader: LoaderConfig = SYNTHETIC_DET_LOADER,
         backbone: str | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
         predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         if not 1 <= num_classes <= len(SHAPES):
             raise DataError(f"num_classes={num_classes}: the synthetic data has 1 to {len(SHAPES)} shape classes")
@@ -154,30 +152,26 @@ class SyntheticDetectionDataModule(COCODataModule):
             "val_size": val_size,
             "seed": seed,
         }
-        scales = scales or list(range(img_size - 16, img_size + 1, 8))
+        # the files' layout and the augmentation's sizes follow from img_size; the base
+        # records only the arguments above, so that a checkpoint rebuilds this class
         super().__init__(
-            root,
-            "train",
-            "annotations/instances_train.json",
-            "val",
-            "annotations/instances_val.json",
+            root=root,
+            train_images="train",
+            train_annotations="annotations/instances_train.json",
+            val_images="val",
+            val_annotations="annotations/instances_val.json",
             img_size=img_size,
-            scales=scales,
+            scales=scales or list(range(img_size - 16, img_size + 1, 8)),
             max_size=max_size or img_size,
             crop_scales=[round(0.8 * img_size)],
             crop_size=(round(0.5 * img_size), round(0.8 * img_size)),
             eval_short_side=img_size,
-            batch_size=batch_size,
-            eval_batch_size=eval_batch_size,
-            num_workers=num_workers,
+            loader=loader,
             backbone=backbone,
             mean=mean,
             std=std,
             predict_dir=predict_dir,
-            on_bad_sample=on_bad_sample,
         )
-        self.save_hyperparameters(ignore=["backbone"])
-        self.hparams.pop("categories", None)  # fixed by num_classes, not an argument here
 
     def read_categories(self) -> tuple[list[int], list[str]]:
         k = self.synthetic["num_classes"]

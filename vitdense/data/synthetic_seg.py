@@ -9,20 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
+import albumentations as A
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vitdense.data.ade20k import segmented_sample
-from vitdense.data.base import ImageDataModule
+from vitdense.data.base import ImageDataModule, LoaderConfig, Triple
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
+from vitdense.data.segmentation import segmented_sample
+from vitdense.data.synthetic import SHAPES, draw_shape, split_seed, textured_background
 from vitdense.errors import DataError
 from vitdense.types import SegmentedImages
-
-Triple = tuple[float, float, float]
 
 
 def synthetic_scene(
@@ -113,6 +112,9 @@ class SyntheticSegmentation(Dataset):
         return SegmentedImages.of(image_t, mask_t, index)
 
 
+SYNTHETIC_SEG_LOADER = LoaderConfig(batch_size=16)
+
+
 class SyntheticSegmentationDataModule(ImageDataModule):
     """Synthetic scenes for segmentation: train/val/test splits that never overlap
     (predict uses the validation scenes).
@@ -129,8 +131,8 @@ class SyntheticSegmentationDataModule(ImageDataModule):
         num_classes: background plus `num_classes - 1` shapes (2..7).
         img_size: training image side and evaluation short side.
         train_size, val_size: samples per split (test and predict use val_size).
-        batch_size, eval_batch_size, num_workers: loader settings (eval_batch_size None: = batch_size).
         seed: base seed of the generator.
+        loader, mean, std: see `ImageDataModule`.
         backbone: timm name of the encoder (linked by the CLI); images are normalised with
             its pretrained mean and std.
         predict_dir: predict on this folder of images (short side resized to img_size)
@@ -139,23 +141,21 @@ class SyntheticSegmentationDataModule(ImageDataModule):
 
     def __init__(
         self,
+        *,
         num_classes: int = 4,
         img_size: int = 64,
         train_size: int = 2000,
         val_size: int = 200,
-        batch_size: int = 16,
-        num_workers: int = 0,
         seed: int = 0,
+        loader: LoaderConfig = SYNTHETIC_SEG_LOADER,
         backbone: str | None = None,
-        eval_batch_size: int | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
         predict_dir: str | None = None,
-        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         super().__init__(
-            img_size, batch_size, eval_batch_size, num_workers, backbone, None, None, predict_dir, on_bad_sample
+            img_size=img_size, loader=loader, backbone=backbone, mean=mean, std=std, predict_dir=predict_dir
         )
-        # the encoder name only picks mean and std (kept as attributes); the task logs it already
-        self.save_hyperparameters(ignore=["backbone"])
         if not 2 <= num_classes <= len(SHAPES) + 1:
             raise DataError(f"num_classes={num_classes}: expected 2 to {len(SHAPES) + 1} (background plus shapes)")
         self.num_classes = num_classes
@@ -165,8 +165,7 @@ class SyntheticSegmentationDataModule(ImageDataModule):
 
     def split(self, name: str) -> SyntheticSegmentation:
         """A split's scenes; the split's name is mixed into the seed so that splits never overlap."""
-        offset, length = {"train": (0, self.train_size), "val": (1, self.val_size), "test": (2, self.val_size)}[name]
-        seed = self.seed * 10 + offset
+        seed, length = split_seed(self.seed, name, self.train_size, self.val_size)
         size_range = (round(0.75 * self.img_size), round(1.25 * self.img_size))
         if name == "train":
             # the evaluation's resize, then random crops: a shape's scale in training is its
@@ -182,7 +181,7 @@ class SyntheticSegmentationDataModule(ImageDataModule):
                 std=self.std,
             )
         else:
-            transform = segmentation_eval_transforms(self.img_size, self.mean, self.std)
+            transform = self.eval_transforms()
         return SyntheticSegmentation(
             length,
             self.img_size,
@@ -199,5 +198,8 @@ class SyntheticSegmentationDataModule(ImageDataModule):
         self.val_dataset = self.predict_dataset = self.split("val")
         self.test_dataset = self.split("test")
 
+    def eval_transforms(self) -> A.Compose:
+        return segmentation_eval_transforms(self.img_size, self.mean, self.std)
+
     def predict_sample(self) -> Callable[[np.ndarray, int], SegmentedImages]:
-        return partial(segmented_sample, segmentation_eval_transforms(self.img_size, self.mean, self.std), 255)
+        return partial(segmented_sample, self.eval_transforms(), self.ignore_index)

@@ -1,0 +1,58 @@
+"""What every DataModule shares: keyword-only constructors, the loader settings in one
+block (`LoaderConfig`), and hyperparameters that rebuild the DataModule and load safely."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import io
+
+import pytest
+import torch
+
+import vitdense.data as data
+from vitdense.data import LoaderConfig
+
+DATAMODULES = sorted(
+    (cls for cls in vars(data).values() if isinstance(cls, type) and issubclass(cls, data.ImageDataModule)),
+    key=lambda cls: cls.__name__,
+)
+LOADER_KEYS = {field.name for field in dataclasses.fields(LoaderConfig)}
+
+
+@pytest.mark.parametrize("cls", DATAMODULES, ids=[cls.__name__ for cls in DATAMODULES])
+def test_constructors_are_keyword_only_with_one_loader_block(cls):
+    params = list(inspect.signature(cls).parameters.values())
+    assert params and all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params)
+    assert "loader" in {p.name for p in params} and not LOADER_KEYS & {p.name for p in params}
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda tmp: data.SyntheticClassificationDataModule(img_size=32, loader=LoaderConfig(batch_size=4)),
+        lambda tmp: data.SyntheticSegmentationDataModule(num_classes=3, mean=(0.5, 0.5, 0.5), std=(0.2, 0.2, 0.2)),
+        lambda tmp: data.SyntheticDetectionDataModule(root=str(tmp), img_size=32, train_size=2, val_size=2),
+    ],
+    ids=["classification", "segmentation", "detection"],
+)
+def test_hyperparameters_are_the_constructors_arguments_and_rebuild_it(build, tmp_path):
+    dm = build(tmp_path)
+    dm.setup("validate")  # records the normalisation used
+    taken = set(inspect.signature(type(dm)).parameters) - {"backbone"}
+    assert set(dm.hparams) == taken  # what a subclass passes its base (paths, crop sizes) is not recorded
+    assert isinstance(dm.hparams["loader"], dict) and dm.hparams["mean"] == list(dm.mean)
+    buffer = io.BytesIO()
+    torch.save({"datamodule_hyper_parameters": dict(dm.hparams)}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)["datamodule_hyper_parameters"]
+    rebuilt = type(dm)(**{**saved, "loader": LoaderConfig(**saved["loader"])})
+    assert rebuilt.loader == dm.loader and rebuilt.mean == dm.mean and rebuilt.class_names == dm.class_names
+
+
+def test_loader_settings_are_checked_where_they_are_made():
+    with pytest.raises(ValueError, match=r"data.init_args.loader.batch_size=0: must be positive"):
+        LoaderConfig(batch_size=0)
+    with pytest.raises(ValueError, match=r"data.init_args.loader.on_bad_sample='sometimes': choose raise or skip"):
+        LoaderConfig(on_bad_sample="sometimes")
+    assert LoaderConfig(batch_size=8).eval_size == 8 and LoaderConfig(batch_size=8, eval_batch_size=1).eval_size == 1

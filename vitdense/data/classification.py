@@ -1,0 +1,43 @@
+"""Image classification: the family's DataModule base and its predict sample.
+
+Datasets yield `LabeledImages(image [3, H, W], label, index)`; the datasets themselves are
+particular to where the images are (`imagefolder.py`, `cifar.py`, `synthetic.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import albumentations as A
+import numpy as np
+
+from vitdense.data.base import ImageDataModule
+from vitdense.data.transforms import classification_eval_transforms, classification_train_transforms
+from vitdense.types import LabeledImages
+
+
+class ClassificationDataModule(ImageDataModule):
+    """An `ImageDataModule` with timm's ImageNet pipelines (`classification_train_transforms`,
+    `classification_eval_transforms`) at `img_size`; predicting on a folder of images
+    preprocesses them as evaluation does (centre crop `crop_pct`)."""
+
+    #: evaluation centre-crop fraction (images are resized to img_size / crop_pct); 1: whole image
+    crop_pct: float = 1.0
+
+    def train_transforms(self, scale: tuple[float, float], color_jitter: float) -> A.Compose:
+        return self.seeded(
+            classification_train_transforms(self.img_size, self.mean, self.std, scale, color_jitter=color_jitter)
+        )
+
+    def eval_transforms(self) -> A.Compose:
+        return classification_eval_transforms(self.img_size, self.mean, self.std, crop_pct=self.crop_pct)
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], LabeledImages]:
+        return partial(labeled_sample, self.eval_transforms())
+
+
+def labeled_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> LabeledImages:
+    """An unlabelled image (label -1) for a classification task's `predict_step`."""
+    return LabeledImages(transform(image=image)["image"], -1, index)

@@ -1,0 +1,178 @@
+"""Object detection: the family's dataset (a COCO-format split), DataModule base and
+predict sample.
+
+Datasets yield `DetectedImages` with boxes as cxcywh in [0, 1] of the transformed image and,
+for evaluation, the original annotations (`EvalTargets`); training uses DETR's augmentation
+(`det_transforms.py`). Where the files are and how the JSON is read is `coco.py`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import albumentations as A
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torchvision.ops import box_convert
+
+from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
+from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
+from vitdense.data.images import apply_orientation, read_image
+from vitdense.errors import DataError
+from vitdense.types import BoxTargets, DetectedImages, EvalTargets
+
+if TYPE_CHECKING:
+    from vitdense.data.coco import CocoIndex
+
+
+class CocoDetection(Dataset):
+    """A COCO-format split as `DetectedImages`.
+
+    Args:
+        index: the checked JSON (`load_coco`).
+        transform: albumentations pipeline called as `transform(image=, bboxes=, labels=)`
+            (`detection_train_transforms` / `detection_eval_transforms`).
+        with_eval_targets: attach the original annotations (`EvalTargets`) for evaluation.
+    """
+
+    def __init__(
+        self, index: CocoIndex, transform: Callable[..., dict[str, Any]], with_eval_targets: bool = True
+    ) -> None:
+        self.index = index
+        self.transform = transform
+        self.with_eval_targets = with_eval_targets
+
+    def __len__(self) -> int:
+        return len(self.index.images)
+
+    @property
+    def image_paths(self) -> list[Path]:
+        return [self.index.image_dir / img.file_name for img in self.index.images]
+
+    def __getitem__(self, i: int) -> DetectedImages:
+        entry = self.index.images[i]
+        path = self.index.image_dir / entry.file_name
+        # COCO's sizes and boxes are those of the pixels as stored (pycocotools and torchvision
+        # ignore EXIF orientation); a dataset annotated on upright photos matches after turning
+        pixels, code = read_image(path)
+        upright = apply_orientation(pixels, code)
+        image = pixels if pixels.shape[:2] == (entry.height, entry.width) else upright
+        if image.shape[:2] != (entry.height, entry.width):
+            raise DataError(
+                f"{path}: the image is {image.shape[1]}x{image.shape[0]} (width x height) but "
+                f"{self.index.annotation_file} says {entry.width}x{entry.height}; fix the JSON entry of image id {entry.id}"
+            )
+        out = self.transform(image=image, bboxes=entry.boxes, labels=entry.labels)
+        img = out["image"]
+        height, width = img.shape[-2:]
+        corners = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
+        labels = torch.as_tensor(np.asarray(out["labels"]), dtype=torch.int64).reshape(-1)
+        keep = (corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])
+        corners, labels = corners[keep], labels[keep]
+        scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+        boxes = box_convert(corners / scale, "xyxy", "cxcywh")
+        eval_targets = None
+        if self.with_eval_targets:
+            eval_targets = EvalTargets(
+                torch.from_numpy(entry.eval_boxes),
+                torch.from_numpy(entry.eval_labels),
+                torch.from_numpy(entry.eval_iscrowd),
+                torch.from_numpy(entry.eval_area),
+            )
+        return DetectedImages(
+            img,
+            BoxTargets(boxes, labels),
+            i,
+            image_sizes=(int(height), int(width)),
+            orig_sizes=(entry.height, entry.width),
+            eval_targets=eval_targets,
+        )
+
+
+class DetectionDataModule(ImageDataModule):
+    """The base of detection DataModules: DETR's augmentation, the categories and the splits
+    as `CocoDetection`s of the checked COCO-format index a subclass reads (`index`).
+
+    Training uses DETR's augmentation (flip; shortest side from `scales`, longest <=
+    `max_size`, or resize, random-size crop, resize); evaluation resizes the shortest side to
+    `eval_short_side`. A subclass sets `category_ids` (the JSON's ids, in label order),
+    `class_names` and `num_classes` in `__init__`.
+
+    Args:
+        img_size: the backbone's native input size (its position embeddings are resampled
+            to every image's own grid); not the size images are resized to.
+        scales, max_size, crop_scales, crop_size: DETR's training resize and crop settings.
+        eval_short_side: shortest side in evaluation (DETR: 800).
+        loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
+    """
+
+    category_ids: list[int]
+
+    def __init__(
+        self,
+        *,
+        img_size: int,
+        scales: list[int],
+        max_size: int | None,
+        crop_scales: list[int],
+        crop_size: tuple[int, int],
+        eval_short_side: int,
+        loader: LoaderConfig,
+        backbone: str | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+        predict_dir: str | None = None,
+    ) -> None:
+        super().__init__(
+            img_size=img_size, loader=loader, backbone=backbone, mean=mean, std=std, predict_dir=predict_dir
+        )
+        require_positive(
+            scales=scales,
+            max_size=max_size,
+            crop_scales=crop_scales,
+            crop_size=crop_size,
+            eval_short_side=eval_short_side,
+        )
+        self.scales, self.max_size = list(scales), max_size
+        self.crop_scales, self.crop_size = list(crop_scales), tuple(crop_size)
+        self.eval_short_side = eval_short_side
+
+    def index(self, split: str) -> CocoIndex:
+        """The checked COCO-format index of `split` ("train", "val" or "test")."""
+        raise NotImplementedError(f"{type(self).__name__} must implement index")
+
+    def train_transforms(self) -> A.Compose:
+        return self.seeded(
+            detection_train_transforms(
+                self.mean, self.std, self.scales, self.max_size, self.crop_scales, self.crop_size
+            )
+        )
+
+    def eval_transforms(self) -> A.Compose:
+        return detection_eval_transforms(self.mean, self.std, self.eval_short_side, self.max_size)
+
+    def setup_splits(self, stage: str) -> None:
+        if stage == "fit":
+            self.train_dataset = CocoDetection(self.index("train"), self.train_transforms(), with_eval_targets=False)
+        if stage in ("fit", "validate", "predict"):
+            self.val_dataset = self.predict_dataset = CocoDetection(self.index("val"), self.eval_transforms())
+        if stage == "test":
+            self.test_dataset = CocoDetection(self.index("test"), self.eval_transforms())
+
+    def predict_sample(self) -> Callable[[np.ndarray, int], DetectedImages]:
+        return partial(detected_sample, self.eval_transforms())
+
+
+def detected_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> DetectedImages:
+    """An unlabelled image for a detection task's `predict_step` (no objects; boxes are
+    predicted at the image's own size)."""
+    out = transform(image=image, bboxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64))
+    img = out["image"]
+    no_objects = BoxTargets(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
+    return DetectedImages(
+        img, no_objects, index, image_sizes=tuple(img.shape[-2:]), orig_sizes=(int(image.shape[0]), int(image.shape[1]))
+    )
