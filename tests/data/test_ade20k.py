@@ -169,7 +169,7 @@ def test_datamodule_loaders(ade):
     val = next(iter(dm.val_dataloader()))
     # 36x50 -> 32x44 and 52x40 -> 42x32: padded to 42x44; masks at their original 36x50 and 52x40
     assert val.image_sizes.sizes == ((32, 44), (42, 32)) and val.image.shape == (2, 3, 42, 44)
-    assert val.mask_sizes == ((36, 50), (52, 40)) and val.mask.shape == (2, 52, 50)
+    assert val.mask_sizes.sizes == ((36, 50), (52, 40)) and val.mask.shape == (2, 52, 50)
     padding = val.image_sizes.mask()
     assert padding[0, 32:].all() and not padding[0, :32, :44].any()
     assert (val.mask[0, 36:] == 255).all()
