@@ -11,3 +11,8 @@ class ConfigError(ValueError):
     """A setting that cannot work as given: an unknown model name, an argument timm does not
     take, a list whose length does not match the classes. The message names the setting
     and the fix."""
+
+
+class CheckpointError(ValueError):
+    """A weight or checkpoint file that cannot be used: missing, unreadable, not a checkpoint,
+    or weights that do not fit the architecture (the message lists the keys that do not fit)."""

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
+from vitdense.checkpoint import HeadSpec
 from vitdense.data import SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
 from vitdense.optim import WarmupCosineLR, WarmupPolyLR
 from vitdense.tasks import BackboneConfig, BaseTask
-from vitdense.tasks.base import HeadSpec
 from vitdense.types import Losses
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1})
@@ -27,12 +27,13 @@ class TwoTermTask(BaseTask):
     mode = "max"
 
     def __init__(self, train_metrics: bool = False, lr_scheduler=WarmupCosineLR) -> None:
-        super().__init__(TINY, lr_scheduler=lr_scheduler)
+        super().__init__(num_classes=4, head=ClassificationHead, backbone=TINY, lr_scheduler=lr_scheduler)
         self.log_train_metrics = train_metrics
-        self.set_head(ClassificationHead, self.backbone.embed_dim, 4)
-        self.set_metrics(MetricCollection({"count": SumMetric()}))
         self.stages: list[str] = []
         self.summaries: list[tuple[str, float]] = []
+
+    def configure_metrics(self):
+        return MetricCollection({"count": SumMetric()})
 
     def forward_batch(self, batch, stage):
         self.stages.append(stage)
