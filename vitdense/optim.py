@@ -22,8 +22,8 @@ class WarmupSchedule(LambdaLR):
     steps by default, or epochs). Left unset, `total_steps` is the trainer's whole run, and
     a warmup given in epochs is converted with the trainer's steps per epoch — so recipes
     written in epochs (MAE's 10 warmup epochs) survive a change of devices, batch size or
-    gradient accumulation. `BaseTask.configure_optimizers` calls `resolve` before the
-    first step; built by hand, pass `total_steps` and `warmup_steps`.
+    gradient accumulation. `BaseTask.on_train_start` resolves them (`resolve_schedules`) before
+    the first step; built by hand, pass `total_steps` and `warmup_steps`.
 
     Args:
         warmup_steps: warmup length in schedule units (steps or epochs).

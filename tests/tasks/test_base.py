@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
-from vitdense.checkpoint import HeadSpec
+from vitdense.callbacks import SkippedSamples
+from vitdense.checkpoint import HeadSpec, ResumeRNG
 from vitdense.data import SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
 from vitdense.optim import WarmupCosineLR, WarmupPolyLR
@@ -88,6 +89,28 @@ def test_training_metrics_are_opt_in():
     task = TwoTermTask(train_metrics=True)
     trainer = fit(task, epochs=1)
     assert ("train", 16.0) in task.summaries and trainer.callback_metrics["train/count"] == 16
+    # exact resume and skipped-sample counts come with every fit, with or without a logger
+    assert {ResumeRNG, SkippedSamples} <= {type(c) for c in trainer.callbacks}
+
+
+class LossOnlyTask(BaseTask):
+    """A task that overrides nothing but its loss."""
+
+    def compute_loss(self, output, batch, stage):
+        return Losses(F.cross_entropy(output, batch.label))
+
+
+def test_the_base_builds_what_a_subclass_does_not_override():
+    task = LossOnlyTask(num_classes=3, head=partial(ClassificationHead, pool="avg"), backbone=TINY)
+    assert task.class_names == ["0", "1", "2"] and task.head.fc.out_features == 3
+    # the head is recorded as data, so a checkpoint rebuilds it
+    assert task.hparams["head"] == {
+        "class_path": "vitdense.heads.classification.ClassificationHead",
+        "init_args": {"pool": "avg"},
+    }
+    assert len(task.val_metrics) == 0 and task.metrics_of("val") is task.val_metrics
+    with pytest.raises(ValueError, match="class_names has 2 entries for num_classes=3"):
+        LossOnlyTask(num_classes=3, head=ClassificationHead, class_names=["a", "b"], backbone=TINY)
 
 
 def test_head_spec_rebuilds_injected_heads():
