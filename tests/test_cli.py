@@ -1,6 +1,7 @@
 """The command line: clear one-line errors, links from data to model, predictions to a file."""
 
 import csv
+import os
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,23 @@ def test_wrong_key_is_one_clear_error(capsys):
 def test_missing_checkpoint_is_one_line(capsys, tmp_path):
     err = run_error(["fit", "--config", DEMO, f"--model.init_args.backbone.checkpoint={tmp_path}/w.pth"], capsys)
     assert err.strip().splitlines()[-1] == f"vitdense: error: checkpoint {tmp_path}/w.pth does not exist"
+
+
+@pytest.mark.parametrize("where", ["command line", "config"])
+def test_fit_from_a_file_that_is_not_a_checkpoint_is_one_line(capsys, tmp_path, where, monkeypatch):
+    # Lightning's CLI reads a fit's checkpoint hyperparameters before anything is built: random
+    # bytes ended there in a 30-line UnpicklingError traceback
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(os.urandom(4096))
+    monkeypatch.setattr("vitdense.cli.VitDenseCLI.instantiate_classes", lambda self: pytest.fail("built the run"))
+    ckpt = [f"--ckpt_path={garbage}"] if where == "command line" else ["--config", f"ckpt_path: {garbage}"]
+    err = run_error(["fit", "--config", DEMO, *ckpt], capsys)
+    assert "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(f"vitdense: error: ckpt_path {garbage}: not a PyTorch Lightning checkpoint that loads safely (")
+    )
 
 
 def test_unknown_class_is_one_clear_error(capsys):

@@ -1,4 +1,6 @@
-"""Callbacks that write what tasks predict."""
+"""Callbacks every task uses: writers of what tasks predict, and the count of skipped samples.
+
+They sit below the tasks (which hand them out) and import no task."""
 
 from __future__ import annotations
 
@@ -13,9 +15,39 @@ import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
 from PIL import Image
 
-from vitdense.viz.draw import blend, draw_boxes, palette_of
+from vitdense.draw import blend, draw_boxes, palette_of
 
 _logger = logging.getLogger(__name__)
+
+
+class SkippedSamples(L.Callback):
+    """At each epoch end, warn how many bad samples the DataModule skipped (with
+    `on_bad_sample: skip`; each was logged with its file when it was skipped) and log
+    `{stage}/skipped_samples`, summed over processes. Every vitdense task adds it
+    (`BaseTask.configure_callbacks`); a DataModule that does not skip is left alone."""
+
+    def report(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        datamodule = getattr(trainer, "datamodule", None)
+        if getattr(datamodule, "on_bad_sample", "raise") != "skip":
+            return
+        count = datamodule.take_skipped(stage)
+        if count:
+            rank = f" on rank {trainer.global_rank}" if trainer.world_size > 1 else ""
+            _logger.warning("%s: skipped %d bad samples this epoch%s (files named above)", stage, count, rank)
+        if stage != "predict":
+            pl_module.log(f"{stage}/skipped_samples", float(count), reduce_fx="sum", sync_dist=True)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report(trainer, pl_module, "train")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report(trainer, pl_module, "val")
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report(trainer, pl_module, "test")
+
+    def on_predict_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.report(trainer, pl_module, "predict")
 
 
 class TopKPredictionWriter(BasePredictionWriter):

@@ -18,22 +18,18 @@ fetched (works offline).
 
 from __future__ import annotations
 
-import json
-import pickle
 import sys
-import zipfile
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vitdense.backbone import CheckpointError
+from vitdense.checkpoint import Checkpoint, load_checkpoint
 from vitdense.data.base import loader_key_hint
-from vitdense.errors import ConfigError, DataError
+from vitdense.errors import CheckpointError, ConfigError, DataError
 from vitdense.tasks import BaseTask
 from vitdense.trainer import Trainer
 
@@ -48,51 +44,9 @@ SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 DATA_DECIDED = ("mean", "std", "categories", "classes")
 
 
-class Checkpoint:
-    """What a Lightning checkpoint says of the task and data it was trained with (read
-    lazily: weights stay on disk), or one clear error naming the file.
-
-    Raises:
-        CheckpointError: no such file, not a checkpoint, or weights without a task.
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise CheckpointError(f"ckpt_path {self.path}: no such file")
-        try:
-            ckpt = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
-        except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise CheckpointError(
-                f"ckpt_path {self.path}: not a PyTorch Lightning checkpoint that loads safely ({first}); "
-                "pass a .ckpt file written by vitdense training"
-            ) from err
-        hparams = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
-        if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "_class_path" not in hparams:
-            raise CheckpointError(
-                f"ckpt_path {self.path}: weights without the task they belong to (no state_dict and "
-                "hyper_parameters of a LightningCLI run); to start from these weights set "
-                f"model.init_args.backbone.checkpoint={self.path}"
-            )
-        self.task_class: str = hparams["_class_path"]
-        self.task: dict[str, Any] = {k: v for k, v in hparams.items() if not k.startswith("_")}
-        data = ckpt.get("datamodule_hyper_parameters") or {}
-        self.data_class: str | None = data.get("_class_path")
-        self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}
-
-    def describe_classes(self) -> str:
-        names = self.task.get("class_names") or []
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        return f"{self.task.get('num_classes')} classes ({shown})"
-
-    def config(self) -> str:
-        """The task and DataModule as a `--config` (a JSON string, which YAML reads); the
-        task's hyperparameters are merged from the checkpoint by LightningCLI itself."""
-        config: dict[str, Any] = {"model": {"class_path": self.task_class}}
-        if self.data_class is not None:
-            config["data"] = {"class_path": self.data_class, "init_args": self.data}
-        return json.dumps(config, default=list)
+def _is_file_path(ckpt_path: str | None) -> bool:
+    """`ckpt_path` names a file (not one Lightning resolves itself: last, best, a registry)."""
+    return ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS and not ckpt_path.startswith("registry")
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -178,7 +132,7 @@ class VitDenseCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
         ckpt_path = _option(argv, "--ckpt_path") if argv and argv[0] in ("validate", "test", "predict") else None
-        if ckpt_path is not None and ckpt_path not in SPECIAL_CKPT_PATHS and not ckpt_path.startswith("registry"):
+        if _is_file_path(ckpt_path):
             self.checkpoint = Checkpoint(ckpt_path)
             given = ("-c", "--config", "--model", "--data")
             if not any(arg == g or arg.startswith(g + "=") for arg in argv for g in given):
@@ -195,6 +149,16 @@ class VitDenseCLI(LightningCLI):
         self._refuse_linked_settings()
         if self.checkpoint is not None:
             self._check_against_checkpoint()
+        self._check_ckpt_path()
+
+    def _check_ckpt_path(self) -> None:
+        """A `ckpt_path` of any subcommand (`fit` resumes from it), from the command line or a
+        config, must load: Lightning reads its hyperparameters next, and a file that is not a
+        checkpoint would end there in an unpickling traceback rather than one line."""
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        ckpt_path = config.get("ckpt_path")
+        if self.checkpoint is None and _is_file_path(ckpt_path):
+            load_checkpoint(ckpt_path)
 
     def _refuse_linked_settings(self) -> None:
         """A value the user gives for a setting the data decides would be silently replaced

@@ -26,3 +26,8 @@ class NonFiniteError(ValueError):
         super().__init__(message)
         self.image = image
         self.query = query
+
+
+class CheckpointError(ValueError):
+    """A weight or checkpoint file that cannot be used: missing, unreadable, not a checkpoint,
+    or weights that do not fit the architecture (the message lists the keys that do not fit)."""

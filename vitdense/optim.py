@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -21,8 +22,8 @@ class WarmupSchedule(LambdaLR):
     steps by default, or epochs). Left unset, `total_steps` is the trainer's whole run, and
     a warmup given in epochs is converted with the trainer's steps per epoch — so recipes
     written in epochs (MAE's 10 warmup epochs) survive a change of devices, batch size or
-    gradient accumulation. `BaseTask.configure_optimizers` calls `resolve` before the
-    first step; built by hand, pass `total_steps` and `warmup_steps`.
+    gradient accumulation. `BaseTask.on_train_start` resolves them (`resolve_schedules`) before
+    the first step; built by hand, pass `total_steps` and `warmup_steps`.
 
     Args:
         warmup_steps: warmup length in schedule units (steps or epochs).
@@ -191,5 +192,24 @@ def param_groups(
 
 
 #: the defaults of every task: AdamW, no warmup, cosine decay over the whole run
+def resolve_schedules(trainer: Any) -> None:
+    """Give every `WarmupSchedule` of a starting fit its length (the whole training, in the
+    unit it steps in) and the units per epoch its warmup in epochs is counted in."""
+    for config in trainer.lr_scheduler_configs:
+        if isinstance(config.scheduler, WarmupSchedule):
+            config.scheduler.resolve(*schedule_units(trainer, config.interval))
+
+
+def schedule_units(trainer: Any, interval: str) -> tuple[int, float]:
+    """(schedule length, schedule units per epoch) in the unit the schedule steps in."""
+    if interval == "epoch":
+        if trainer.max_epochs is None or trainer.max_epochs < 0:
+            raise ConfigError("lr_interval: epoch needs trainer.max_epochs (the schedule's length in epochs)")
+        return trainer.max_epochs, 1.0
+    total = int(trainer.estimated_stepping_batches)
+    per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+    return total, float(per_epoch)
+
+
 DEFAULT_OPTIMIZER = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
 DEFAULT_LR_SCHEDULER = partial(WarmupCosineLR, warmup_steps=0)

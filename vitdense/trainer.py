@@ -1,4 +1,5 @@
-"""Lightning's Trainer with `precision="auto"`: bf16 autocast where the hardware has bf16."""
+"""Lightning's Trainer with `precision="auto"` (bf16 autocast where the hardware has bf16)
+and the callbacks a vitdense `fit` adds by default (pictures, learning rates, throughput)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any, Literal
 
 import lightning as L
 from lightning.fabric.connector import _PRECISION_INPUT
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from vitdense.precision import resolve_precision
+from vitdense.viz.callbacks import ImagesPerSecond, ValidationImages
 
 
 def _noting_checkpoint(method: Callable) -> Callable:
@@ -24,6 +27,7 @@ def _noting_checkpoint(method: Callable) -> Callable:
     def run(self: Trainer, *args: Any, **kwargs: Any) -> Any:
         self._note_checkpoint(method, args, kwargs)
         if method is L.Trainer.fit:
+            self._add_default_callbacks()
             return method(self, *args, **kwargs)
         with warnings.catch_warnings():
             # Callback states (checkpoint bookkeeping, image counters) only matter to a fit
@@ -42,6 +46,11 @@ class Trainer(L.Trainer):
     bf16 natively and to "32-true" elsewhere, and says which and why in one line. An
     explicit bf16 precision on a CPU without native bf16 runs as asked, with one warning.
     Every other argument is Lightning's own (forwarded unchanged).
+
+    `fit` with a logger also logs pictures of validation predictions (`ValidationImages`,
+    drawn by the task's `draw_batch`), the learning rates (`LearningRateMonitor`) and the
+    throughput (`ImagesPerSecond`), each unless the trainer already has a callback of that
+    kind (configure one in `callbacks` to change its settings).
 
     It also says, from the moment `fit`/`validate`/`test`/`predict` is called, whether the
     weights will come from a checkpoint (`weights_from_checkpoint`): Lightning sets
@@ -67,6 +76,13 @@ class Trainer(L.Trainer):
             found = [p for p in map(_last_checkpoint, self.checkpoint_callbacks) if p is not None and p.is_file()]
             ckpt_path = found[0] if found else None
         self.weights_from_checkpoint = ckpt_path is not None
+
+    def _add_default_callbacks(self) -> None:
+        if not self.loggers:
+            return
+        defaults = (ValidationImages(), LearningRateMonitor(logging_interval="step"), ImagesPerSecond())
+        missing = [c for c in defaults if not any(isinstance(t, type(c)) for t in self.callbacks)]
+        self.callbacks[:0] = missing  # before the checkpoint callbacks, which Lightning keeps last
 
     fit = _noting_checkpoint(L.Trainer.fit)
     validate = _noting_checkpoint(L.Trainer.validate)

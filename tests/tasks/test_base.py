@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
+from vitdense.callbacks import SkippedSamples
+from vitdense.checkpoint import HeadSpec, ResumeRNG
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
 from vitdense.optim import WarmupCosineLR, WarmupPolyLR
 from vitdense.tasks import BackboneConfig, BaseTask
-from vitdense.tasks.base import HeadSpec
 from vitdense.types import Losses
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1})
@@ -27,12 +28,13 @@ class TwoTermTask(BaseTask):
     mode = "max"
 
     def __init__(self, train_metrics: bool = False, lr_scheduler=WarmupCosineLR) -> None:
-        super().__init__(TINY, lr_scheduler=lr_scheduler)
+        super().__init__(num_classes=4, head=ClassificationHead, backbone=TINY, lr_scheduler=lr_scheduler)
         self.log_train_metrics = train_metrics
-        self.set_head(ClassificationHead, self.backbone.embed_dim, 4)
-        self.set_metrics(MetricCollection({"count": SumMetric()}))
         self.stages: list[str] = []
         self.summaries: list[tuple[str, float]] = []
+
+    def configure_metrics(self):
+        return MetricCollection({"count": SumMetric()})
 
     def forward_batch(self, batch, stage):
         self.stages.append(stage)
@@ -89,6 +91,28 @@ def test_training_metrics_are_opt_in():
     task = TwoTermTask(train_metrics=True)
     trainer = fit(task, epochs=1)
     assert ("train", 16.0) in task.summaries and trainer.callback_metrics["train/count"] == 16
+    # exact resume and skipped-sample counts come with every fit, with or without a logger
+    assert {ResumeRNG, SkippedSamples} <= {type(c) for c in trainer.callbacks}
+
+
+class LossOnlyTask(BaseTask):
+    """A task that overrides nothing but its loss."""
+
+    def compute_loss(self, output, batch, stage):
+        return Losses(F.cross_entropy(output, batch.label))
+
+
+def test_the_base_builds_what_a_subclass_does_not_override():
+    task = LossOnlyTask(num_classes=3, head=partial(ClassificationHead, pool="avg"), backbone=TINY)
+    assert task.class_names == ["0", "1", "2"] and task.head.fc.out_features == 3
+    # the head is recorded as data, so a checkpoint rebuilds it
+    assert task.hparams["head"] == {
+        "class_path": "vitdense.heads.classification.ClassificationHead",
+        "init_args": {"pool": "avg"},
+    }
+    assert len(task.val_metrics) == 0 and task.metrics_of("val") is task.val_metrics
+    with pytest.raises(ValueError, match="class_names has 2 entries for num_classes=3"):
+        LossOnlyTask(num_classes=3, head=ClassificationHead, class_names=["a", "b"], backbone=TINY)
 
 
 def test_head_spec_rebuilds_injected_heads():

@@ -11,12 +11,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule, SyntheticSegmentationDataModule
 from vitdense.data.synthetic_det import SyntheticDetectionDataModule
+from vitdense.draw import GREEN, RED, blend, default_palette
 from vitdense.heads import DETRHead
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
+from vitdense.tasks.pictures import draw_classified, draw_detected, draw_segmented
 from vitdense.trainer import Trainer
 from vitdense.viz.callbacks import ImagesPerSecond, ValidationImages
-from vitdense.viz.draw import GREEN, RED, blend, default_palette
-from vitdense.viz.samples import draw_classified, draw_detected, draw_segmented
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1, "patch_size": 8})
 

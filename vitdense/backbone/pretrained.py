@@ -28,17 +28,13 @@ from torch import nn
 
 from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.backbone.vit import AttnImpl, VisionTransformer
-from vitdense.errors import ConfigError
+from vitdense.errors import CheckpointError, ConfigError
 
 _logger = logging.getLogger(__name__)
 
 #: tensors of timm checkpoints that belong to classification heads, not to the encoder
 HEAD_PREFIXES = ("head.", "head_dist.", "pre_logits.")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
-
-
-class CheckpointError(ValueError):
-    """A weight file that does not fit the architecture, with the keys that do not fit."""
 
 
 def check_model_name(model_name: str) -> None:

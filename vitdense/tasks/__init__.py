@@ -1,6 +1,7 @@
 """LightningModules: a backbone, a head, a loss and metrics per task."""
 
-from vitdense.tasks.base import BackboneConfig, BaseTask
+from vitdense.backbone.config import BackboneConfig
+from vitdense.tasks.base import BaseTask
 from vitdense.tasks.classification import ClassificationTask
 from vitdense.tasks.detection import DetectionTask
 from vitdense.tasks.linear_probe import LinearProbeTask

@@ -20,8 +20,8 @@ from vitdense.errors import ConfigError
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.pictures import draw_classified
 from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages, Losses
-from vitdense.viz.samples import draw_classified
 
 #: the paper's head: zero-initialised linear layer on the class token
 DEFAULT_CLASSIFICATION_HEAD = partial(ClassificationHead, pool="token")
@@ -73,11 +73,16 @@ class ClassificationTask(BaseTask):
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
-        self.set_classes(num_classes, class_names)
+        super().__init__(
+            num_classes=num_classes,
+            head=head,
+            class_names=class_names,
+            backbone=backbone,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            lr_interval=lr_interval,
+        )
         self.label_smoothing = label_smoothing
-        self.set_head(head, self.backbone.embed_dim, num_classes)
-        self.set_metrics(accuracy_metrics(num_classes))
         self.mixup = None
         if mixup_alpha > 0 or cutmix_alpha > 0:
             self.mixup = Mixup(
@@ -87,6 +92,9 @@ class ClassificationTask(BaseTask):
                 num_classes=num_classes,
             )
             self.soft_target_loss = SoftTargetCrossEntropy()
+
+    def configure_metrics(self) -> MetricCollection:
+        return accuracy_metrics(self.num_classes)
 
     def forward_batch(self, batch: LabeledImages, stage: Stage) -> ClassificationOutput:
         images = batch.image

@@ -21,15 +21,15 @@ from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
 from vitdense.callbacks import COCOResultsWriter
+from vitdense.draw import resize
 from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
 from vitdense.metrics import DetectionMeanAP
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.pictures import draw_detected
 from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses
-from vitdense.viz.draw import resize
-from vitdense.viz.samples import draw_detected
 
 #: the loss from the number of classes K: `criterion(num_classes)`; in YAML a class_path
 #: (+ init_args, e.g. eos_coef, a matcher), default `SetCriterion` with DETR's settings
@@ -145,21 +145,29 @@ class DetectionTask(BaseTask):
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
+        super().__init__(
+            num_classes=num_classes,
+            head=head,
+            class_names=class_names,
+            backbone=backbone,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            lr_interval=lr_interval,
+        )
         # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
         self.hparams.pop("criterion", None)
-        self.set_classes(num_classes, class_names)
         if selection not in ("per_query", "top_k"):
             raise ConfigError(f"model.selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
         self.selection = selection
         self.top_k = top_k
-        self.set_head(head, self.backbone.embed_dim, num_classes)
         self.criterion = criterion(num_classes)
+
+    def configure_metrics(self) -> MetricCollection:
         # COCO's evaluation runs on the CPU in fp32 (compute_on_cpu keeps the states there)
         mean_ap = DetectionMeanAP(
             box_format="xyxy", iou_type="bbox", class_metrics=True, backend=map_backend(), compute_on_cpu=True
         )
-        self.set_metrics(MetricCollection({"map": mean_ap}))
+        return MetricCollection({"map": mean_ap})
 
     def forward_batch(self, batch: DetectedImages, stage: Stage) -> DetectionOutput:
         return self(batch.image, batch.image_sizes)

@@ -10,17 +10,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitdense.backbone import VisionTransformer
 from vitdense.callbacks import TopKPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads import LinearProbeHead, probe_features
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.classification import top_k_prediction
+from vitdense.tasks.pictures import draw_classified
 from vitdense.types import ClassPrediction, ImageSizes, LabeledImages, Losses
-from vitdense.viz.samples import draw_classified
 
 #: MAE's probe: BatchNorm without affine, then a linear layer
 DEFAULT_PROBE_HEAD = partial(LinearProbeHead, batch_norm=True)
@@ -66,26 +68,44 @@ class LinearProbeTask(BaseTask):
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
-        if not 1 <= n_last_blocks <= self.backbone.depth:
-            raise ConfigError(f"n_last_blocks={n_last_blocks}: must be between 1 and the backbone's depth")
-        self.set_classes(num_classes, class_names)
+        # read by the hooks the base calls
         self.lrs = list(lrs) if lrs else [None]
         self.n_last_blocks = n_last_blocks
         self.avgpool = avgpool
-        self.cache_features = cache_features
-        self.backbone.freeze()
-        self.backbone.eval()
-        in_features = (n_last_blocks + int(avgpool)) * self.backbone.embed_dim
-        self.set_head(head, in_features, num_classes, copies=len(self.lrs))
-        self.set_metrics(
-            MetricCollection(
-                {f"acc1_lr{i}": MulticlassAccuracy(num_classes, top_k=1, average="micro") for i in range(len(self.lrs))}
-            )
+        super().__init__(
+            num_classes=num_classes,
+            head=head,
+            class_names=class_names,
+            backbone=backbone,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            lr_interval=lr_interval,
         )
+        self.cache_features = cache_features
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
         # which head validated best; a buffer, so that it travels in checkpoints
         self.register_buffer("best_head", torch.tensor(0), persistent=True)
+
+    def configure_backbone(self, config: BackboneConfig) -> VisionTransformer:
+        """The backbone as configured, then frozen (whatever `freeze` says) and in eval mode."""
+        backbone = super().configure_backbone(config)
+        if not 1 <= self.n_last_blocks <= backbone.depth:
+            raise ConfigError(f"n_last_blocks={self.n_last_blocks}: must be between 1 and the backbone's depth")
+        backbone.freeze()
+        return backbone.eval()
+
+    def configure_head(self, head: HeadFactory) -> nn.ModuleList:
+        """One head per learning rate, on the concatenated features."""
+        in_features = (self.n_last_blocks + int(self.avgpool)) * self.backbone.embed_dim
+        return nn.ModuleList(head(in_features, self.num_classes) for _ in self.lrs)
+
+    def configure_metrics(self) -> MetricCollection:
+        return MetricCollection(
+            {
+                f"acc1_lr{i}": MulticlassAccuracy(self.num_classes, top_k=1, average="micro")
+                for i in range(len(self.lrs))
+            }
+        )
 
     def train(self, mode: bool = True) -> LinearProbeTask:
         super().train(mode)

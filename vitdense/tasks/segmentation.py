@@ -25,8 +25,8 @@ from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.pictures import draw_segmented
 from vitdense.types import ImageSizes, Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
-from vitdense.viz.samples import draw_segmented
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
 DEFAULT_SEGMENTATION_HEAD = partial(MaskTransformerDecoder, depth=2, drop_rate=0.1, drop_path_rate=0.0)
@@ -79,11 +79,18 @@ class SegmentationTask(BaseTask):
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, lr_interval)
         if class_weights is not None and len(class_weights) != num_classes:
             raise ConfigError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
-        self.set_classes(num_classes, class_names)
-        self.ignore_index = ignore_index
+        self.ignore_index = ignore_index  # read by configure_metrics, which the base calls
+        super().__init__(
+            num_classes=num_classes,
+            head=head,
+            class_names=class_names,
+            backbone=backbone,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            lr_interval=lr_interval,
+        )
         self.window = window or self.backbone.img_size[0]
         self.val_stride = val_stride or self.window
         self.test_stride = test_stride or self.window - self.window // 16
@@ -92,8 +99,9 @@ class SegmentationTask(BaseTask):
         self.window_batch_size = window_batch_size
         weights = torch.tensor(class_weights, dtype=torch.float) if class_weights is not None else None
         self.register_buffer("class_weights", weights, persistent=False)
-        self.set_head(head, self.backbone.embed_dim, num_classes)
-        self.set_metrics(MetricCollection({"seg": SegmentationMetrics(num_classes, ignore_index)}))
+
+    def configure_metrics(self) -> MetricCollection:
+        return MetricCollection({"seg": SegmentationMetrics(self.num_classes, self.ignore_index)})
 
     # ---------------------------------------------------------------------------- model
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:

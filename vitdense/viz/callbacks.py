@@ -1,8 +1,8 @@
 """What training shows besides its scalars: pictures of fixed validation images with their
 predictions every validation epoch, and the training throughput in images per second.
 
-`BaseTask` adds both (and Lightning's `LearningRateMonitor`) to every `fit` that has a
-logger, unless the trainer already has a callback of the same kind: configure one in
+vitdense's `Trainer` adds both (and Lightning's `LearningRateMonitor`) to every `fit` that
+has a logger, unless the trainer already has a callback of the same kind: configure one in
 `trainer.callbacks` to change its settings (`ValidationImages` with `num_images: 0` turns
 the pictures off).
 """
@@ -22,7 +22,7 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_warn
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from vitdense.viz.draw import denormalize, palette_of
+from vitdense.draw import denormalize, palette_of
 
 
 def log_images(trainer: L.Trainer, tag: str, images: list[np.ndarray], step: int) -> list[Path]:

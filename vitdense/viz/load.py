@@ -15,8 +15,8 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.backbone import VisionTransformer, create_backbone
-from vitdense.backbone.pretrained import CheckpointError
-from vitdense.errors import ConfigError
+from vitdense.checkpoint import Checkpoint
+from vitdense.errors import CheckpointError, ConfigError
 
 #: weight files that are never Lightning checkpoints
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".bin")
@@ -56,8 +56,6 @@ def load_model(
     if checkpoint is None and model is None:
         raise ConfigError("give --checkpoint (a vitdense .ckpt or a weight file) and/or --model (a timm name)")
     if checkpoint is not None and Path(checkpoint).suffix.lower() not in WEIGHT_SUFFIXES:
-        from vitdense.cli import Checkpoint
-
         try:
             found = Checkpoint(checkpoint)
         except CheckpointError as err:
@@ -82,7 +80,7 @@ def load_model(
     )
 
 
-def _from_task(found: Any, img_size: int | None) -> Model:
+def _from_task(found: Checkpoint, img_size: int | None) -> Model:
     module, _, name = found.task_class.rpartition(".")
     task_class = getattr(importlib.import_module(module), name)
     task = task_class.load_from_checkpoint(found.path, map_location="cpu", weights_only=True).eval()

@@ -1,6 +1,6 @@
 """Pictures of a task's predictions beside the ground truth, as training logs them each
-validation epoch (`vitdense.viz.callbacks.ValidationImages`): one function per task, each
-returning [H, W, 3] uint8 arrays."""
+validation epoch (`vitdense.viz.callbacks.ValidationImages` calls each task's `draw_batch`):
+one function per task, each returning [H, W, 3] uint8 arrays."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vitdense.viz.draw import GREEN, RED, blend, caption, display_size, draw_boxes, hstack, legend, resize, tile, vstack
+from vitdense.draw import GREEN, RED, blend, caption, display_size, draw_boxes, hstack, legend, resize, tile, vstack
 
 
 def draw_classified(

@@ -1,5 +1,8 @@
 """Pictures of images, label maps and boxes as uint8 arrays (Pillow): what training logs
-and prediction writers save. Everything here takes and returns [H, W, 3] uint8 arrays."""
+and prediction writers save. Everything here takes and returns [H, W, 3] uint8 arrays.
+
+It imports nothing of vitdense, so that tasks (`draw_batch`), prediction writers and
+`vitdense.viz` can all draw with it."""
 
 from __future__ import annotations
 

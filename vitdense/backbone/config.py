@@ -1,0 +1,73 @@
+"""`BackboneConfig`: how a task builds and trains its encoder (one YAML block, shared by every task)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vitdense.backbone.pretrained import create_backbone
+from vitdense.backbone.vit import VisionTransformer
+
+
+@dataclass(frozen=True)
+class BackboneConfig:
+    """How a task builds and trains its encoder (YAML: `model.init_args.backbone`).
+
+    Attributes:
+        name: timm model name, optionally with a pretrained tag
+            ("vit_base_patch16_224.augreg_in21k").
+        pretrained: load the tag's weights from timm's hub (online).
+        checkpoint: load the encoder from a local file instead (timm format or JAX .npz).
+        img_size: native input size; position embeddings are resampled to it on loading.
+        drop_path_rate: stochastic depth.
+        freeze: give the encoder no gradients (train the head only).
+        freeze_blocks: freeze the embeddings and the first k blocks.
+        grad_checkpointing: recompute activations in backward to save memory.
+        lr_scale: learning-rate multiplier of the whole encoder.
+        layer_decay: layer-wise learning-rate decay (1 = off).
+        model_args: timm architecture overrides for a model trained from scratch, e.g.
+            `{depth: 6, patch_size: 8}` (timm's `create_model` keyword arguments).
+    """
+
+    name: str = "vit_tiny_patch16_224"
+    pretrained: bool = False
+    checkpoint: str | None = None
+    img_size: int | None = None
+    drop_path_rate: float = 0.0
+    freeze: bool = False
+    freeze_blocks: int = 0
+    grad_checkpointing: bool = False
+    lr_scale: float = 1.0
+    layer_decay: float = 1.0
+    model_args: dict[str, Any] | None = None
+
+    def build(self, load_pretrained: bool = True) -> VisionTransformer:
+        """The encoder; with `load_pretrained=False` a `pretrained` one is left at its random
+        initialisation (tasks load the weights later, once per node: `vitdense.tasks.pretrained`)."""
+        backbone = create_backbone(
+            self.name,
+            self.pretrained and load_pretrained,
+            self.checkpoint,
+            self.img_size,
+            drop_path_rate=self.drop_path_rate,
+            model_args=self.model_args,
+        )
+        backbone.set_grad_checkpointing(self.grad_checkpointing)
+        if self.freeze:
+            backbone.freeze()
+        elif self.freeze_blocks:
+            backbone.freeze(self.freeze_blocks)
+        return backbone
+
+    def hub_weights(self, img_size: tuple[int, int]) -> VisionTransformer:
+        """The encoder with the tag's hub weights at `img_size` (downloaded into timm's cache
+        the first time): what `pretrained` loads."""
+        return create_backbone(self.name, pretrained=True, img_size=img_size, model_args=self.model_args)
+
+
+DEFAULT_BACKBONE = BackboneConfig()
+# checkpoints carry it in their hyperparameters, so torch.load(weights_only=True) must accept it,
+# also under the name checkpoints written before it moved here recorded
+torch.serialization.add_safe_globals([BackboneConfig, (BackboneConfig, "vitdense.tasks.base.BackboneConfig")])

@@ -1,0 +1,193 @@
+"""What a vitdense checkpoint records beyond the weights, and reading it back.
+
+- `HeadSpec`: the injected head factory as plain data (`record_head` writes it into a
+  task's hyperparameters), so that a checkpoint rebuilds the head it was trained with.
+- `ResumeRNG`: the global random states at each save, restored right before the first
+  resumed step, so that a resumed fit draws what the uninterrupted one would have.
+- `Checkpoint`: what a Lightning checkpoint says of its task and data, read lazily, or one
+  `CheckpointError` naming the file (the command line and `python -m vitdense.viz` use it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import pickle
+import random
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
+
+import vitdense.backbone.config  # noqa: F401  (hyperparameters hold a BackboneConfig: registered for weights_only)
+from vitdense.errors import CheckpointError
+
+#: a head from the backbone's width D and the number of classes K: `head(embed_dim, num_classes)`;
+#: in YAML a `class_path` (+ `init_args` for everything but those two), e.g. vitdense.heads.LinearDecoder
+HeadFactory = Callable[[int, int], nn.Module]
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head factory as plain data, so that checkpoints rebuild the head they were trained
+    with (`load_from_checkpoint`, also under `torch.load(weights_only=True)`).
+
+    `HeadSpec("vitdense.heads.ClassificationHead", {"pool": "avg"})(192, 10)` builds
+    `ClassificationHead(192, 10, pool="avg")`.
+    """
+
+    class_path: str
+    init_args: dict[str, Any]
+
+    def __call__(self, embed_dim: int, num_classes: int) -> nn.Module:
+        module, _, name = self.class_path.rpartition(".")
+        return getattr(importlib.import_module(module), name)(embed_dim, num_classes, **self.init_args)
+
+    @classmethod
+    def of(cls, factory: HeadFactory) -> HeadSpec | None:
+        """The spec of a head class, or of a `functools.partial` of one (what `partial(...)`
+        defaults and jsonargparse's `class_path`/`init_args` produce); None for other callables."""
+        if isinstance(factory, HeadSpec):
+            return factory
+        if isinstance(factory, partial):
+            func, args, kwargs = factory.func, factory.args, factory.keywords
+        else:
+            func, args, kwargs = factory, (), {}
+        # jsonargparse wraps the class: partial(call_without_instantiate_context, instantiator, cls, **init_args)
+        classes = [c for c in (func, *args) if inspect.isclass(c) and issubclass(c, nn.Module)]
+        if len(classes) != 1 or (args and args[-1] is not classes[0]):
+            return None
+        return cls(f"{classes[0].__module__}.{classes[0].__qualname__}", dict(kwargs))
+
+
+# checkpoints written before this module existed name it vitdense.tasks.base.HeadSpec
+torch.serialization.add_safe_globals([HeadSpec, (HeadSpec, "vitdense.tasks.base.HeadSpec")])
+
+
+def head_factory(head: HeadFactory | dict) -> HeadFactory:
+    """`head` as given, or rebuilt from the `{class_path, init_args}` that `record_head` wrote
+    into the hyperparameters (what `load_from_checkpoint` passes back)."""
+    if isinstance(head, dict):
+        return HeadSpec(head["class_path"], dict(head.get("init_args") or {}))
+    return head
+
+
+def record_head(hparams: dict[str, Any], head: HeadFactory) -> None:
+    """Record `head` in a task's hyperparameters as plain data (`{class_path, init_args}`,
+    as YAML writes a class, so LightningCLI merges it back into its config). A factory that
+    is not a class or a partial of one cannot be recorded: `load_from_checkpoint` then needs
+    `head=` again, and says so."""
+    spec = HeadSpec.of(head)
+    if spec is None:
+        rank_zero_warn(f"head {head!r} is not a class or a partial of one; pass head= to load_from_checkpoint")
+        hparams.pop("head", None)
+    else:
+        hparams["head"] = {"class_path": spec.class_path, "init_args": spec.init_args}
+
+
+def rng_states() -> dict[str, Any]:
+    """The global random states (torch, CUDA, numpy, Python) as tensors and plain values, so
+    that checkpoints holding them still load with `torch.load(weights_only=True)`."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what `rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class ResumeRNG(L.Callback):
+    """Exact resume of the global random streams (dropout, drop path, Mixup's numpy draws):
+    each checkpoint holds them as the next step would find them (`checkpoint["rng_states"]`),
+    and a fit restored from one sets them right before its first step, not at load time
+    (sanity checks and loader start-up in between would otherwise draw from them).
+    Every vitdense task adds it to `fit` (`BaseTask.configure_callbacks`)."""
+
+    def __init__(self) -> None:
+        self._to_restore: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._to_restore = checkpoint.get("rng_states")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        if self._to_restore is not None:
+            set_rng_states(self._to_restore)
+            self._to_restore = None
+
+
+def load_checkpoint(path: str | Path) -> Any:
+    """The object a checkpoint file holds (tensors memory-mapped: weights stay on disk), or
+    one `CheckpointError` naming the file: no such file, or not a file that loads safely."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"ckpt_path {path}: no such file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"ckpt_path {path}: not a PyTorch Lightning checkpoint that loads safely ({first}); "
+            "pass a .ckpt file written by vitdense training"
+        ) from err
+
+
+class Checkpoint:
+    """What a Lightning checkpoint says of the task and data it was trained with (read
+    lazily: weights stay on disk), or one clear error naming the file.
+
+    Raises:
+        CheckpointError: no such file, not a checkpoint, or weights without a task.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        ckpt = load_checkpoint(self.path)
+        hparams = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "_class_path" not in hparams:
+            raise CheckpointError(
+                f"ckpt_path {self.path}: weights without the task they belong to (no state_dict and "
+                "hyper_parameters of a LightningCLI run); to start from these weights set "
+                f"model.init_args.backbone.checkpoint={self.path}"
+            )
+        self.task_class: str = hparams["_class_path"]
+        self.task: dict[str, Any] = {k: v for k, v in hparams.items() if not k.startswith("_")}
+        data = ckpt.get("datamodule_hyper_parameters") or {}
+        self.data_class: str | None = data.get("_class_path")
+        self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}
+
+    def describe_classes(self) -> str:
+        names = self.task.get("class_names") or []
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        return f"{self.task.get('num_classes')} classes ({shown})"
+
+    def config(self) -> str:
+        """The task and DataModule as a `--config` (a JSON string, which YAML reads); the
+        task's hyperparameters are merged from the checkpoint by LightningCLI itself."""
+        config: dict[str, Any] = {"model": {"class_path": self.task_class}}
+        if self.data_class is not None:
+            config["data"] = {"class_path": self.data_class, "init_args": self.data}
+        return json.dumps(config, default=list)
