@@ -26,7 +26,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -41,6 +41,7 @@ from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.errors import ConfigError
+from vitdense.metrics import LossMeans
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, WarmupSchedule, param_groups
 from vitdense.types import Losses
 
@@ -334,6 +335,11 @@ class BaseTask(L.LightningModule):
             return None
         return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}.get(stage)
 
+    @cached_property
+    def eval_losses(self) -> LossMeans:
+        """Validation and test losses, averaged over the dataset (not per process)."""
+        return LossMeans()
+
     def _shared_step(self, batch: Any, stage: Stage) -> torch.Tensor | None:
         if batch is None:  # every sample of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
@@ -342,9 +348,10 @@ class BaseTask(L.LightningModule):
         metrics = self.metrics_of(stage)
         if metrics is not None:
             self.update_metrics(metrics, output, batch, stage)
-        train = stage == "train"
-        # epoch-level evaluation losses are averaged over processes; training logs stay per rank (no sync per step)
-        log = dict(on_step=train, on_epoch=True, batch_size=batch.image.shape[0], sync_dist=not train)
+        if stage != "train":  # dataset-level means, reduced over processes at epoch end: no collective per step
+            self.eval_losses.update(stage, losses, weight=batch.image.shape[0])
+            return losses.total
+        log = dict(on_step=True, on_epoch=True, batch_size=batch.image.shape[0])  # per rank, no sync
         self.log(f"{stage}/loss", losses.total, prog_bar=True, **log)
         for name, value in losses.terms.items():
             self.log(f"{stage}/{name}", value, **log)
@@ -364,8 +371,10 @@ class BaseTask(L.LightningModule):
             self.log(f"{stage}/skipped_samples", float(count), reduce_fx="sum", sync_dist=True)
 
     def _end_epoch(self, stage: Stage) -> None:
-        """Compute, log and reset a stage's metrics once per epoch."""
+        """Compute, log and reset a stage's metrics (and evaluation losses) once per epoch."""
         self._report_skipped(stage)
+        for name, value in self.eval_losses.pop(stage).items():  # equal on every rank, as the metrics below
+            self.log(name, value, prog_bar=name == f"{stage}/loss", sync_dist=True)
         metrics = self.metrics_of(stage)
         if metrics is None or not metrics:
             return
