@@ -5,7 +5,6 @@ equals one step on the same global batch, the linear probe's feature cache stays
 samples move between ranks, and pretrained weights are fetched by one process, then loaded
 by all."""
 
-import json
 import os
 import socket
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -32,15 +32,12 @@ from vitdense.types import BoxTargets, DetectionOutput, Losses
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2})
 
-# spawned processes receive the module through shared memory; file descriptors fail on some kernels
-torch.multiprocessing.set_sharing_strategy("file_system")
 
-
-def trainer(devices: int, strategy: str = "ddp_spawn", **kwargs) -> L.Trainer:
+def trainer(devices: int, **kwargs) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu",
         devices=devices,
-        strategy=strategy if devices > 1 else "auto",
+        strategy="ddp" if devices > 1 else "auto",  # the processes are `launch`'s
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -101,28 +98,82 @@ def evaluations(root: Path) -> dict[str, tuple[L.LightningModule, L.LightningDat
     }
 
 
-def validate_every_task(devices: int, strategy: str, root: Path) -> dict[str, float]:
+def validate_every_task(devices: int, root: Path) -> dict[str, float]:
     """`validate` each task of `evaluations`; {"task:name": value} of everything logged."""
     out = {}
     for name, (task, data) in evaluations(root).items():
-        logged = trainer(devices, strategy=strategy).validate(task, datamodule=data, verbose=False)[0]
+        logged = trainer(devices).validate(task, datamodule=data, verbose=False)[0]
         out.update({f"{name}:{key}": float(value) for key, value in logged.items()})
     return out
 
 
-def launch(world_size: int, out: Path, root: Path, timeout: float) -> dict[str, float]:
-    """`validate_every_task` on `world_size` processes started here (as torchrun would, with
-    Lightning's environment variables), killed after `timeout` seconds: a hang fails the test.
-    One start-up for all tasks: every process builds and validates them one after another."""
+def one_step(devices: int, batch_size: int) -> dict[str, torch.Tensor]:
+    """The classifier's weights after one SGD step on `devices` processes."""
+    task = classifier()
+    task.optimizer = partial(torch.optim.SGD, lr=0.5)
+    data = SyntheticClassificationDataModule(img_size=32, train_size=32, val_size=4, batch_size=batch_size)
+    trainer(devices, max_steps=1, limit_val_batches=0).fit(task, datamodule=data)
+    return {k: v.detach().clone() for k, v in task.state_dict().items()}
+
+
+def probe(devices: int, cache: bool) -> tuple[dict, dict]:
+    """A linear probe's logged figures and head after 2 epochs, with or without its feature cache."""
+    torch.manual_seed(0)
+    task = LinearProbeTask(num_classes=4, backbone=TINY, cache_features=cache)
+    data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=5, batch_size=4)
+    fit = trainer(devices, max_epochs=2)  # the epoch-2 permutation hands each rank samples it has not cached
+    fit.fit(task, datamodule=data)
+    return dict(fit.callback_metrics), {k: v.clone() for k, v in task.head.state_dict().items()}
+
+
+class CountingFetchTask(ClassificationTask):
+    """Records which process fetches and which loads the hub weights (offline stand-ins)."""
+
+    def fetch_pretrained(self) -> None:
+        with open(os.environ["CALLS_FILE"], "a") as f:
+            f.write(f"fetch {self.global_rank}\n")
+
+    def load_pretrained(self) -> None:
+        with open(os.environ["CALLS_FILE"], "a") as f:
+            f.write(f"load {self.global_rank}\n")
+        self.pretrained_loaded = True
+
+
+def fetch_calls(devices: int, calls: Path) -> list[str]:
+    """Which process fetched and which loaded the hub weights in a one-step fit."""
+    os.environ["CALLS_FILE"] = str(calls)
+    task = CountingFetchTask(
+        num_classes=4, backbone=BackboneConfig(img_size=32, pretrained=True, model_args={"depth": 1})
+    )
+    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=2, batch_size=4)
+    trainer(devices, max_steps=1, limit_val_batches=0).fit(task, datamodule=data)
+    return sorted(calls.read_text().splitlines())
+
+
+def jobs(devices: int, folder: Path) -> dict[str, Any]:
+    """Everything the tests need from `devices` processes, run one after another (in one
+    process group: start-up, seconds per process, is paid once)."""
+    return {
+        "evaluations": validate_every_task(devices, folder / "det"),
+        "one_step": one_step(devices, 4),
+        "probe": (probe(devices, True), probe(devices, False)),
+        "fetch_calls": fetch_calls(devices, folder / "calls.txt"),
+    }
+
+
+def launch(world_size: int, folder: Path, timeout: float) -> dict[str, Any]:
+    """`jobs` on `world_size` processes started here with Lightning's environment variables
+    (as torchrun would), rank 0's results; every process is killed after `timeout` seconds,
+    so a hang (a collective that one process never reaches) fails instead of blocking."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": "0"}
     env["WORLD_SIZE"] = str(world_size)
-    logs = [out.with_suffix(f".rank{rank}.log") for rank in range(world_size)]
+    logs = [folder / f"rank{rank}.log" for rank in range(world_size)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.test_distributed", str(out), str(root)],
+            [sys.executable, "-m", "tests.test_distributed", str(folder)],
             env={**env, "LOCAL_RANK": str(rank), "RANK": str(rank)},
             cwd=Path(__file__).parents[1],
             stdout=log.open("w"),
@@ -144,14 +195,20 @@ def launch(world_size: int, out: Path, root: Path, timeout: float) -> dict[str, 
     tails = "\n".join(f"--- rank {r}:\n" + "\n".join(log.read_text().splitlines()[-15:]) for r, log in enumerate(logs))
     codes = [p.returncode for p in procs]
     assert codes == [0] * world_size, f"exit codes {codes} (negative: killed after {timeout:.0f} s, hung)\n{tails}"
-    return json.loads(out.read_text())
+    return torch.load(folder / "results.pt", weights_only=False)
 
 
-def test_every_task_evaluates_uneven_shards_as_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> dict[str, Any]:
+    """`jobs` on 2 processes (gloo), in one launch."""
+    return launch(2, tmp_path_factory.mktemp("two_processes"), timeout=float(os.environ.get("DIST_TIMEOUT", 300)))
+
+
+def test_every_task_evaluates_uneven_shards_as_one_process(two_processes, tmp_path):
     # the processes hold different numbers of batches: any per-step collective in evaluation
     # (SetCriterion's box count was one) waits forever for the process that has finished
-    single = validate_every_task(1, "auto", tmp_path / "det")
-    multi = launch(2, tmp_path / "multi.json", tmp_path / "det", timeout=float(os.environ.get("DIST_TIMEOUT", 240)))
+    multi = two_processes["evaluations"]
+    single = validate_every_task(1, tmp_path / "det")
     assert multi.keys() == single.keys()
     losses = [k for k in single if k.split(":")[1].startswith("val/loss")]
     # every logged loss: the total of each task, each linear probe head's, each DETR term
@@ -206,17 +263,10 @@ def test_loss_means_weight_each_batch_by_its_images():
     assert means.pop("test") == {"test/loss": 5.0}
 
 
-def test_one_ddp_step_equals_one_step_on_the_global_batch():
-    def one_step(devices: int, batch_size: int) -> dict[str, torch.Tensor]:
-        task = classifier()
-        task.optimizer = partial(torch.optim.SGD, lr=0.5)
-        data = SyntheticClassificationDataModule(img_size=32, train_size=32, val_size=4, batch_size=batch_size)
-        trainer(devices, max_steps=1, limit_val_batches=0).fit(task, datamodule=data)
-        return {k: v.detach().clone() for k, v in task.state_dict().items()}
-
+def test_one_ddp_step_equals_one_step_on_the_global_batch(two_processes):
     before = {k: v.clone() for k, v in classifier().state_dict().items()}
     single = one_step(1, 8)  # the first 8 of the epoch's permutation
-    multi = one_step(2, 4)  # rank 0 takes its even positions, rank 1 its odd ones: the same 8
+    multi = two_processes["one_step"]  # batch 4: rank 0 takes its even positions, rank 1 its odd ones: the same 8
     assert any(not torch.equal(before[k], single[k]) for k in before)  # the step did change weights
     diff = max((single[k] - multi[k]).abs().max().item() for k in single)
     # the same sums in another order (per-rank partial sums, then the all-reduce): 1.9e-6 measured on an
@@ -224,47 +274,18 @@ def test_one_ddp_step_equals_one_step_on_the_global_batch():
     assert diff <= 1e-5, diff
 
 
-def test_linear_probe_cache_is_correct_when_samples_move_between_ranks():
-    def probe(cache: bool) -> tuple[dict, dict]:
-        torch.manual_seed(0)
-        task = LinearProbeTask(num_classes=4, backbone=TINY, cache_features=cache)
-        data = SyntheticClassificationDataModule(img_size=32, train_size=16, val_size=5, batch_size=4)
-        fit = trainer(2, max_epochs=2)  # the epoch-2 permutation hands each rank samples it has not cached
-        fit.fit(task, datamodule=data)
-        return dict(fit.callback_metrics), {k: v.clone() for k, v in task.head.state_dict().items()}
-
-    (cached_metrics, cached_head), (plain_metrics, plain_head) = probe(True), probe(False)
+def test_linear_probe_cache_is_correct_when_samples_move_between_ranks(two_processes):
+    (cached_metrics, cached_head), (plain_metrics, plain_head) = two_processes["probe"]
     assert cached_metrics["val/acc1"] == plain_metrics["val/acc1"]
     for key, value in plain_head.items():
         torch.testing.assert_close(cached_head[key], value, rtol=0, atol=1e-6)
 
 
-class CountingFetchTask(ClassificationTask):
-    """Records which process fetches and which loads the hub weights (offline stand-ins)."""
-
-    def fetch_pretrained(self) -> None:
-        with open(os.environ["CALLS_FILE"], "a") as f:  # the environment reaches the spawned processes
-            f.write(f"fetch {self.global_rank}\n")
-
-    def load_pretrained(self) -> None:
-        with open(os.environ["CALLS_FILE"], "a") as f:
-            f.write(f"load {self.global_rank}\n")
-        self.pretrained_loaded = True
+def test_pretrained_weights_are_fetched_once_then_loaded_by_every_process(two_processes):
+    assert two_processes["fetch_calls"] == ["fetch 0", "load 0", "load 1"]
 
 
-def test_pretrained_weights_are_fetched_once_then_loaded_by_every_process(tmp_path, monkeypatch):
-    monkeypatch.setenv("CALLS_FILE", str(tmp_path / "calls.txt"))
-    CountingFetchTask.record = str(tmp_path / "calls.txt")
-    task = CountingFetchTask(
-        num_classes=4, backbone=BackboneConfig(img_size=32, pretrained=True, model_args={"depth": 1})
-    )
-    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=2, batch_size=4)
-    trainer(2, max_steps=1, limit_val_batches=0).fit(task, datamodule=data)
-    calls = sorted(Path(os.environ["CALLS_FILE"]).read_text().splitlines())
-    assert calls == ["fetch 0", "load 0", "load 1"]
-
-
-if __name__ == "__main__":  # one process of `launch`: python -m tests.test_distributed OUT ROOT
-    results = validate_every_task(int(os.environ["WORLD_SIZE"]), "ddp", Path(sys.argv[2]))
+if __name__ == "__main__":  # one process of `launch`: python -m tests.test_distributed FOLDER
+    results = jobs(int(os.environ["WORLD_SIZE"]), Path(sys.argv[1]))
     if os.environ["RANK"] == "0":
-        Path(sys.argv[1]).write_text(json.dumps(results))
+        torch.save(results, Path(sys.argv[1]) / "results.pt")
