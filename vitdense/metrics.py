@@ -1,4 +1,5 @@
-"""Dataset-level metrics: semantic segmentation with mmseg's definitions, COCO's mAP."""
+"""Dataset-level metrics: semantic segmentation with mmseg's definitions, COCO's mAP, and
+the mean evaluation loss."""
 
 from __future__ import annotations
 
@@ -7,8 +8,77 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.distributed as dist
+from torchmetrics import Metric
 from torchmetrics.classification import MulticlassConfusionMatrix
 from torchmetrics.detection import MeanAveragePrecision
+
+from vitdense.types import Losses
+
+
+class WeightedMean(Metric):
+    """sum(value * weight) / sum(weight) over every update, the sums added over processes at
+    `compute` (one collective per state, none per update). A NaN value makes the mean NaN.
+
+    torchmetrics' `MeanMetric` either drops NaN values (a diverged loss would look finite)
+    or, with `nan_strategy="disable"`, drops the weights (torchmetrics 1.9,
+    Lightning-AI/torchmetrics#3434).
+    """
+
+    full_state_update = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", torch.zeros(()), dist_reduce_fx="sum")
+        self.add_state("weight", torch.zeros(()), dist_reduce_fx="sum")
+
+    def update(self, value: torch.Tensor, weight: float) -> None:
+        """Add a scalar `value` with its `weight`."""
+        self.total += value.detach().to(self.total.dtype) * weight
+        self.weight += weight
+
+    def compute(self) -> torch.Tensor:
+        return self.total / self.weight
+
+
+class LossMeans:
+    """Evaluation losses as dataset-level means: every term (and the total) of every batch,
+    weighted by the batch's number of images, over all processes.
+
+    Lightning's `self.log(..., on_epoch=True, sync_dist=True)` is not the dataset's mean
+    when processes hold different numbers of images (21 images on 2 processes: 11 and 10):
+    it averages the processes' integer image counts in place, which floors them (10.5 -> 10),
+    so the loss comes out N / (W * floor(N / W)) too high, 21/20 here (Lightning 2.6,
+    Lightning-AI/pytorch-lightning#21859). Here each `{stage}/{name}` is a `WeightedMean`:
+    `update` adds to sums on this process (no collective per step, so processes may run
+    different numbers of steps); `pop` adds the sums over processes once, at epoch end, and
+    starts the stage afresh. Every process must call `pop` for a stage it has updated, with
+    the same names (a task's terms are the same on every batch).
+
+    A loss that is a mean over its batch's images (cross-entropy) gives exactly the dataset
+    mean, on any number of processes; a loss normalised per batch by something else (pixels,
+    target boxes) gives the image-weighted mean of batch losses, which equals one process's
+    when the batches are the same (evaluation batch 1).
+    """
+
+    def __init__(self) -> None:
+        self._means: dict[str, WeightedMean] = {}
+
+    def update(self, stage: str, losses: Losses, weight: int) -> None:
+        """Add a batch's `losses` (`{stage}/loss` and `{stage}/{term}`), weighted by `weight`
+        (its number of images)."""
+        for name, value in {"loss": losses.total, **losses.terms}.items():
+            key = f"{stage}/{name}"
+            if key not in self._means:  # on the loss's device: the reduction runs where the states live
+                self._means[key] = WeightedMean().to(value.device)
+            self._means[key].update(value, weight)
+
+    def pop(self, stage: str) -> dict[str, torch.Tensor]:
+        """The stage's means over the epoch and every process (`{stage}/loss` first), then
+        forgotten. Empty when the stage logged no loss."""
+        out = {}
+        for key in [k for k in self._means if k.startswith(f"{stage}/")]:
+            out[key] = self._means.pop(key).compute()  # torchmetrics adds the sums over processes
+        return out
 
 
 class SegmentationMetrics(MulticlassConfusionMatrix):

@@ -3,8 +3,8 @@
 After the Hungarian matching, every query is classified (its matched target's class, or
 "no object" with weight `eos_coef`), and every matched query's box is regressed with an L1
 and a GIoU loss, both summed over the matched boxes and divided by the number of target
-boxes in the batch (averaged over processes, at least 1). With auxiliary losses on, every
-earlier decoder layer is matched and supervised the same way.
+boxes in the batch (in training averaged over processes, as DETR's; at least 1). With
+auxiliary losses on, every earlier decoder layer is matched and supervised the same way.
 """
 
 from __future__ import annotations
@@ -21,14 +21,18 @@ from vitdense.losses.matcher import HungarianMatcher, Matches
 from vitdense.types import BoxTargets, DetectionOutput, Losses
 
 
-def num_target_boxes(targets: Sequence[BoxTargets], device: torch.device) -> float:
-    """Target boxes per process: the batch's count averaged over all processes, at least 1.
+def num_target_boxes(targets: Sequence[BoxTargets], device: torch.device, synchronize: bool = True) -> float:
+    """Target boxes per process, at least 1: with `synchronize`, the batch's count averaged
+    over all processes (DETR's), else this process's own count.
 
     Gradients are averaged over processes, so dividing each process's sum by the mean count
     divides the global sum by the global count, as one process holding every batch would.
+    The average is a collective, which every process must reach on every step: true in
+    training, where every process runs the same number of steps, not in evaluation, where
+    processes may hold different numbers of batches (see `SetCriterion`).
     """
     count = torch.tensor(float(sum(len(t.labels) for t in targets)), device=device)
-    if dist.is_available() and dist.is_initialized():
+    if synchronize and dist.is_available() and dist.is_initialized():
         dist.all_reduce(count)
         count = count / dist.get_world_size()
     return max(count.item(), 1.0)
@@ -36,6 +40,15 @@ def num_target_boxes(targets: Sequence[BoxTargets], device: torch.device) -> flo
 
 class SetCriterion(nn.Module):
     """Matching plus DETR's weighted loss terms.
+
+    In training mode (`criterion.train()`) the box terms divide by the number of target boxes
+    averaged over processes, as DETR does; in evaluation mode (`criterion.eval()`, which
+    Lightning sets for validation and test) by the batch's own count, with no collective:
+    evaluation splits a dataset across processes without repeating samples, so processes
+    may run different numbers of steps (11 and 10 images at batch 1), and a per-step
+    collective would wait forever for the process that has finished. The evaluation loss of
+    a batch then depends on that batch only, as on one process. A criterion left in
+    evaluation mode in training merely normalises by local counts; it cannot hang.
 
     Args:
         num_classes: object classes K, without "no object" (the logits have K + 1).
@@ -102,10 +115,12 @@ class SetCriterion(nn.Module):
     def forward(self, output: DetectionOutput, targets: Sequence[BoxTargets]) -> Losses:
         """Weighted terms of the last layer (`loss_ce`, `loss_bbox`, `loss_giou`) and of each
         earlier layer (`loss_ce_0`, ... for the first), and their sum as the total. Computed
-        in fp32 whatever the autocast setting."""
+        in fp32 whatever the autocast setting; the box count is synchronised across processes
+        in training mode only (see the class docstring)."""
         with torch.autocast(output.logits.device.type, enabled=False):
+            num_boxes = num_target_boxes(targets, output.logits.device, synchronize=self.training)
             # Group DETR: each group holds every target once, so there are num_groups times as many matches
-            num_boxes = num_target_boxes(targets, output.logits.device) * output.num_groups
+            num_boxes = num_boxes * output.num_groups
             layers = [(output.logits, output.boxes, "")]
             if self.aux_loss:
                 layers += [(logits, boxes, f"_{i}") for i, (logits, boxes) in enumerate(output.aux)]

@@ -21,6 +21,7 @@ here once; hub weights in `vitdense.tasks.pretrained`, head recording and resume
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -39,6 +40,7 @@ from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
 from vitdense.callbacks import SkippedSamples
 from vitdense.checkpoint import HeadFactory, ResumeRNG, head_factory, record_head
 from vitdense.errors import ConfigError
+from vitdense.metrics import LossMeans
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, param_groups, resolve_schedules
 from vitdense.tasks.pretrained import PretrainedBackbone
 from vitdense.types import ImageSizes, Losses
@@ -156,6 +158,11 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
             return None
         return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}.get(stage)
 
+    @cached_property
+    def eval_losses(self) -> LossMeans:
+        """Validation and test losses, averaged over the dataset (not per process)."""
+        return LossMeans()
+
     def _shared_step(self, batch: Any, stage: Stage) -> torch.Tensor | None:
         if batch is None:  # every sample of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
@@ -164,16 +171,19 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         metrics = self.metrics_of(stage)
         if metrics is not None:
             self.update_metrics(metrics, output, batch, stage)
-        train = stage == "train"
-        # epoch-level evaluation losses are averaged over processes; training logs stay per rank (no sync per step)
-        log = dict(on_step=train, on_epoch=True, batch_size=batch.image.shape[0], sync_dist=not train)
+        if stage != "train":  # dataset-level means, reduced over processes at epoch end: no collective per step
+            self.eval_losses.update(stage, losses, weight=batch.image.shape[0])
+            return losses.total
+        log = dict(on_step=True, on_epoch=True, batch_size=batch.image.shape[0])  # per rank, no sync
         self.log(f"{stage}/loss", losses.total, prog_bar=True, **log)
         for name, value in losses.terms.items():
             self.log(f"{stage}/{name}", value, **log)
         return losses.total
 
     def _end_epoch(self, stage: Stage) -> None:
-        """Compute, log and reset a stage's metrics once per epoch."""
+        """Compute, log and reset a stage's metrics (and evaluation losses) once per epoch."""
+        for name, value in self.eval_losses.pop(stage).items():  # equal on every rank, as the metrics below
+            self.log(name, value, prog_bar=name == f"{stage}/loss", sync_dist=True)
         metrics = self.metrics_of(stage)
         if metrics is None or not metrics:
             return
