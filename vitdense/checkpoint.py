@@ -6,6 +6,8 @@
   resumed step, so that a resumed fit draws what the uninterrupted one would have.
 - `Checkpoint`: what a Lightning checkpoint says of its task and data, read lazily, or one
   `CheckpointError` naming the file (the command line and `python -m vitdense.viz` use it).
+- `load_task` / `load_model`: the trained task, or just its plain model (`vitdense.models`),
+  from a checkpoint alone: no config, no Trainer.
 """
 
 from __future__ import annotations
@@ -191,3 +193,29 @@ class Checkpoint:
         if self.data_class is not None:
             config["data"] = {"class_path": self.data_class, "init_args": self.data}
         return json.dumps(config, default=list)
+
+    def task_type(self) -> type[L.LightningModule]:
+        """The task class the checkpoint was trained with (imported by its recorded path)."""
+        module, _, name = self.task_class.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:
+            raise CheckpointError(
+                f"ckpt_path {self.path}: its task {self.task_class} cannot be imported ({err}); install the package "
+                "that defines it"
+            ) from err
+
+
+def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
+    """The task a vitdense training checkpoint (`python -m vitdense fit`) holds, its weights
+    loaded, in evaluation mode. (A task trained from Python, without the CLI, records no
+    class: use `TheTask.load_from_checkpoint(path)`.)"""
+    found = Checkpoint(path)
+    return found.task_type().load_from_checkpoint(found.path, map_location=map_location, weights_only=True).eval()
+
+
+def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:
+    """The plain model of a vitdense training checkpoint (`ImageClassifier`, `LinearProbe`,
+    `Segmenter`, `DETRDetector`, or a custom task's), in evaluation mode: call it on images
+    [B, 3, H, W] without Lightning, script or export it."""
+    return load_task(path, map_location).model

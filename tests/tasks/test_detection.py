@@ -20,7 +20,7 @@ from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads import DETRHead
 from vitdense.heads.detr import inverse_sigmoid
 from vitdense.tasks import BackboneConfig, DetectionTask
-from vitdense.tasks.detection import postprocess
+from vitdense.models import postprocess
 from vitdense.types import DetectionOutput
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8})

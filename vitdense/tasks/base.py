@@ -41,6 +41,7 @@ from vitdense.callbacks import SkippedSamples
 from vitdense.checkpoint import HeadFactory, ResumeRNG, head_factory, record_head
 from vitdense.errors import ConfigError
 from vitdense.metrics import LossMeans
+from vitdense.models import ImageClassifier
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, param_groups, resolve_schedules
 from vitdense.tasks.pretrained import PretrainedBackbone
 from vitdense.types import ImageSizes, Losses
@@ -90,10 +91,11 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         self.class_names = list(class_names) if class_names is not None else [str(c) for c in range(num_classes)]
         self.optimizer, self.lr_scheduler, self.lr_interval = optimizer, lr_scheduler, lr_interval
         self.backbone_config = backbone
-        self.backbone: VisionTransformer = self.configure_backbone(backbone)
-        self.track_pretrained()
+        encoder = self.configure_backbone(backbone)
         head = head_factory(head)
-        self.head: nn.Module = self.configure_head(head)
+        #: the plain model (`vitdense.models`) that this task trains, callable without Lightning
+        self.model: nn.Module = self.build_model(encoder, self.configure_head(head, encoder))
+        self.track_pretrained()
         record_head(self.hparams, head)
         metrics = self.configure_metrics()
         self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
@@ -103,9 +105,23 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         """The encoder (a `pretrained` one without its hub weights: `vitdense.tasks.pretrained`)."""
         return config.build(load_pretrained=False)
 
-    def configure_head(self, head: HeadFactory) -> nn.Module:
-        """The head from its factory (`self.backbone` and `self.num_classes` exist by now)."""
-        return head(self.backbone.embed_dim, self.num_classes)
+    def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
+        """The head from its factory, for `backbone` (`self.num_classes` exists by now)."""
+        return head(backbone.embed_dim, self.num_classes)
+
+    def build_model(self, backbone: VisionTransformer, head: nn.Module) -> nn.Module:
+        """The plain `nn.Module` of the task (backbone, head and the task's own pre- and
+        post-processing) that becomes `self.model`; it must expose `backbone` and `head`.
+        Default: `ImageClassifier` (images -> head output)."""
+        return ImageClassifier(backbone, head)
+
+    @property
+    def backbone(self) -> VisionTransformer:
+        return self.model.backbone
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.head
 
     def configure_metrics(self) -> MetricCollection:
         """The metrics of one stage; the base keeps a copy per stage, prefixed `train/` etc."""
@@ -144,7 +160,18 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         return None
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> Any:
-        return self.head(self.backbone(images, image_sizes))
+        """The model's output for images [B, 3, H, W] padded as `image_sizes` says."""
+        return self.model(images, image_sizes)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # checkpoints written before the model object kept `backbone.*`, `head.*`, `best_head`
+        # at the top: move them under `model.`
+        state = checkpoint.get("state_dict")
+        if state and not any(k.startswith("model.") for k in state):
+            own = self.state_dict().keys()
+            checkpoint["state_dict"] = {
+                (f"model.{k}" if k not in own and f"model.{k}" in own else k): v for k, v in state.items()
+            }
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""

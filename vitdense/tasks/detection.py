@@ -9,7 +9,7 @@ image's original size, against the original annotations (crowds included).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -20,12 +20,14 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
+from vitdense.backbone import VisionTransformer
 from vitdense.callbacks import COCOResultsWriter
 from vitdense.draw import resize
 from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
 from vitdense.metrics import DetectionMeanAP
+from vitdense.models import DETRDetector, Selection
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
@@ -56,54 +58,6 @@ def map_backend() -> str:
     """torchmetrics' COCO backend: `faster_coco_eval` when installed (same numbers, several
     times faster on large sets), else `pycocotools`."""
     return "faster_coco_eval" if importlib.util.find_spec("faster_coco_eval") else "pycocotools"
-
-
-#: how detections are read from the queries: DETR's one per query, or the best (query, class) pairs
-Selection = Literal["per_query", "top_k"]
-
-
-def postprocess(
-    output: DetectionOutput,
-    orig_sizes: Sequence[tuple[int, int]],
-    selection: Selection = "per_query",
-    top_k: int = 100,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Detections from a DETR output, boxes as absolute (x1, y1, x2, y2) at the original
-    (H0, W0), best first.
-
-    Class probabilities are the softmax over the K + 1 logits with "no object" then left out.
-
-    - `"per_query"`: DETR's `PostProcess`: every query is one detection, labelled with its
-      most probable real class and scored with that probability (Q per image).
-    - `"top_k"`: the `top_k` (query, class) pairs of highest probability, so a query may
-      give several detections of different classes (min(top_k, Q * K) per image).
-
-    Args:
-        output: logits [B, Q, K + 1], boxes [B, Q, 4] (cx, cy, w, h) in [0, 1].
-        orig_sizes: B pairs (H0, W0).
-
-    Returns:
-        per-image lists, in fp32: boxes [k, 4], scores [k], labels [k] (sorted by score).
-    """
-    probs = output.logits.float().softmax(-1)[..., :-1]  # [B, Q, K]
-    b, q, k = probs.shape
-    if selection == "per_query":
-        scores, labels = probs.max(-1)  # [B, Q]
-        scores, queries = scores.sort(dim=1, descending=True, stable=True)
-        labels = labels.gather(1, queries)
-    elif selection == "top_k":
-        scores, flat = probs.flatten(1).topk(min(top_k, q * k), dim=1)
-        queries, labels = flat // k, flat % k
-    else:
-        raise ConfigError(f"selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
-    boxes_all, scores_all, labels_all = [], [], []
-    for i, (height, width) in enumerate(orig_sizes):
-        xyxy = box_convert(output.boxes[i, queries[i]].float(), "cxcywh", "xyxy")
-        scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=xyxy.device)
-        boxes_all.append(xyxy * scale)
-        scores_all.append(scores[i])
-        labels_all.append(labels[i])
-    return boxes_all, scores_all, labels_all
 
 
 class DetectionTask(BaseTask):
@@ -145,6 +99,10 @@ class DetectionTask(BaseTask):
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
+        if selection not in ("per_query", "top_k"):
+            raise ConfigError(f"model.selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
+        # read by build_model, which the base calls
+        self._selection, self._top_k = selection, top_k
         super().__init__(
             num_classes=num_classes,
             head=head,
@@ -156,11 +114,10 @@ class DetectionTask(BaseTask):
         )
         # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
         self.hparams.pop("criterion", None)
-        if selection not in ("per_query", "top_k"):
-            raise ConfigError(f"model.selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
-        self.selection = selection
-        self.top_k = top_k
         self.criterion = criterion(num_classes)
+
+    def build_model(self, backbone: VisionTransformer, head: nn.Module) -> DETRDetector:
+        return DETRDetector(backbone, head, self._selection, self._top_k)
 
     def configure_metrics(self) -> MetricCollection:
         # COCO's evaluation runs on the CPU in fp32 (compute_on_cpu keeps the states there)
@@ -180,7 +137,7 @@ class DetectionTask(BaseTask):
             raise NonFiniteError(f"{stage} sample {int(index)} of the dataset, {err}", err.image, err.query) from None
 
     def detections(self, output: DetectionOutput, batch: DetectedImages) -> Detections:
-        boxes, scores, labels = postprocess(output, batch.orig_sizes, self.selection, self.top_k)
+        boxes, scores, labels = self.model.postprocess(output, batch.orig_sizes)
         return Detections(batch.index, boxes, scores, labels)
 
     def update_metrics(

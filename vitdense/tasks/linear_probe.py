@@ -17,7 +17,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitdense.backbone import VisionTransformer
 from vitdense.callbacks import TopKPredictionWriter
 from vitdense.errors import ConfigError
-from vitdense.heads import LinearProbeHead, probe_features
+from vitdense.heads import LinearProbeHead
+from vitdense.models import LinearProbe
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.classification import top_k_prediction
@@ -83,21 +84,26 @@ class LinearProbeTask(BaseTask):
         )
         self.cache_features = cache_features
         self._cache: dict[tuple[str, int], torch.Tensor] = {}
-        # which head validated best; a buffer, so that it travels in checkpoints
-        self.register_buffer("best_head", torch.tensor(0), persistent=True)
 
     def configure_backbone(self, config: BackboneConfig) -> VisionTransformer:
-        """The backbone as configured, then frozen (whatever `freeze` says) and in eval mode."""
+        """The backbone as configured (the model freezes it, whatever `freeze` says)."""
         backbone = super().configure_backbone(config)
         if not 1 <= self.n_last_blocks <= backbone.depth:
             raise ConfigError(f"n_last_blocks={self.n_last_blocks}: must be between 1 and the backbone's depth")
-        backbone.freeze()
-        return backbone.eval()
+        return backbone
 
-    def configure_head(self, head: HeadFactory) -> nn.ModuleList:
+    def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.ModuleList:
         """One head per learning rate, on the concatenated features."""
-        in_features = (self.n_last_blocks + int(self.avgpool)) * self.backbone.embed_dim
+        in_features = (self.n_last_blocks + int(self.avgpool)) * backbone.embed_dim
         return nn.ModuleList(head(in_features, self.num_classes) for _ in self.lrs)
+
+    def build_model(self, backbone: VisionTransformer, head: nn.Module) -> LinearProbe:
+        return LinearProbe(backbone, head, self.n_last_blocks, self.avgpool)
+
+    @property
+    def best_head(self) -> torch.Tensor:
+        """Index of the head that validated best (a buffer of the model: checkpoints keep it)."""
+        return self.model.best_head
 
     def configure_metrics(self) -> MetricCollection:
         return MetricCollection(
@@ -107,22 +113,13 @@ class LinearProbeTask(BaseTask):
             }
         )
 
-    def train(self, mode: bool = True) -> LinearProbeTask:
-        super().train(mode)
-        self.backbone.eval()  # frozen means frozen: no dropout, no drop path
-        return self
-
-    @torch.no_grad()
     def extract(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """Probe input [B, F] from the frozen backbone."""
-        return probe_features(self.backbone, images, image_sizes, self.n_last_blocks, self.avgpool)
-
-    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
-        """-> logits of every head [H, B, K]."""
-        return self.classify(self.extract(images, image_sizes))
+        return self.model.extract(images, image_sizes)
 
     def classify(self, features: torch.Tensor) -> torch.Tensor:
-        return torch.stack([head(features) for head in self.head])
+        """[B, F] -> logits of every head [H, B, K]."""
+        return self.model.classify(features)
 
     def forward_batch(self, batch: LabeledImages, stage: Stage) -> torch.Tensor:
         if not self.cache_features:

@@ -16,17 +16,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
 from torchmetrics import MetricCollection
 
+from vitdense.backbone import VisionTransformer
 from vitdense.callbacks import SegmentationPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads.segmenter import MaskTransformerDecoder
-from vitdense.inference import segment_image
 from vitdense.metrics import SegmentationMetrics
+from vitdense.models import Segmenter
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_segmented
-from vitdense.types import ImageSizes, Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
+from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
 DEFAULT_SEGMENTATION_HEAD = partial(MaskTransformerDecoder, depth=2, drop_rate=0.1, drop_path_rate=0.0)
@@ -81,7 +83,9 @@ class SegmentationTask(BaseTask):
     ) -> None:
         if class_weights is not None and len(class_weights) != num_classes:
             raise ConfigError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
-        self.ignore_index = ignore_index  # read by configure_metrics, which the base calls
+        # read by the hooks the base calls (configure_metrics, build_model)
+        self.ignore_index = ignore_index
+        self._window = window
         super().__init__(
             num_classes=num_classes,
             head=head,
@@ -91,7 +95,6 @@ class SegmentationTask(BaseTask):
             lr_scheduler=lr_scheduler,
             lr_interval=lr_interval,
         )
-        self.window = window or self.backbone.img_size[0]
         self.val_stride = val_stride or self.window
         self.test_stride = test_stride or self.window - self.window // 16
         self.test_scales = test_scales or [1.0]
@@ -103,30 +106,19 @@ class SegmentationTask(BaseTask):
     def configure_metrics(self) -> MetricCollection:
         return MetricCollection({"seg": SegmentationMetrics(self.num_classes, self.ignore_index)})
 
-    # ---------------------------------------------------------------------------- model
-    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
-        """Pixel logits [B, K, H, W] for images [B, 3, H, W] of any size.
+    def build_model(self, backbone: VisionTransformer, head: nn.Module) -> Segmenter:
+        return Segmenter(backbone, head, self.num_classes, self._window or backbone.img_size[0])
 
-        The decoder's patch-level masks are upsampled (bilinear) to the padded grid's pixels
-        and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
-        """
-        masks = self.head(self.backbone(images, image_sizes))
-        ph, pw = self.backbone.patch_size
-        h, w = masks.shape[-2:]
-        logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
-        return logits[..., : images.shape[-2], : images.shape[-1]]
+    @property
+    def window(self) -> int:
+        """Side of the sliding windows of evaluation (the model's)."""
+        return self.model.window
 
     def segment(self, batch: SegmentedImages, stride: int, scales: list[float], flip: bool) -> list[torch.Tensor]:
         """Per image, logits [1, K, h, w] at its label map's size, from sliding windows."""
-        out = []
-        for i, ((h, w), size) in enumerate(zip(batch.image_sizes.sizes, batch.mask_sizes.sizes, strict=True)):
-            image = batch.image[i : i + 1, :, :h, :w]
-            out.append(
-                segment_image(
-                    self, image, size, self.window, stride, self.num_classes, scales, flip, self.window_batch_size
-                )
-            )
-        return out
+        return self.model.segment(
+            batch.image, batch.image_sizes, batch.mask_sizes.sizes, stride, scales, flip, self.window_batch_size
+        )
 
     def forward_batch(self, batch: SegmentedImages, stage: Stage) -> SegmentationOutput:
         """Training: logits of the batch's crops. Validation: whole images in sliding windows

@@ -4,7 +4,6 @@ initialisation; and images, prepared as the model expects them."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,9 +80,7 @@ def load_model(
 
 
 def _from_task(found: Checkpoint, img_size: int | None) -> Model:
-    module, _, name = found.task_class.rpartition(".")
-    task_class = getattr(importlib.import_module(module), name)
-    task = task_class.load_from_checkpoint(found.path, map_location="cpu", weights_only=True).eval()
+    task = found.task_type().load_from_checkpoint(found.path, map_location="cpu", weights_only=True).eval()
     cfg = task.backbone.pretrained_cfg
     mean = found.data.get("mean") or cfg.get("mean", IMAGENET_DEFAULT_MEAN)
     std = found.data.get("std") or cfg.get("std", IMAGENET_DEFAULT_STD)
