@@ -1,6 +1,7 @@
 """The command line: clear one-line errors, links from data to model, predictions to a file."""
 
 import csv
+import json
 import os
 from pathlib import Path
 
@@ -191,3 +192,37 @@ def test_detection_fit_then_test_and_predict_from_its_checkpoint(tmp_path, monke
     assert sorted(p.name for p in (tmp_path / "drawn").glob("*.jpg")) == sorted(
         Path(i["file_name"]).stem + ".jpg" for i in gt.loadImgs(gt.getImgIds())
     )
+
+
+def test_ignore_index_is_linked_from_the_data(tmp_path, capsys):
+    import lightning as L
+
+    from vitdense.cli import VitDenseCLI, VitDenseParser
+    from vitdense.tasks import BaseTask
+
+    config = {
+        "model": {
+            "class_path": "vitdense.tasks.SegmentationTask",
+            "init_args": {"backbone": {"name": "vit_tiny_patch16_224", "model_args": {"depth": 1}}},
+        },
+        "data": {
+            "class_path": "vitdense.data.SegmentationDataModule",
+            "init_args": {"root": str(tmp_path), "class_names": ["a", "b"], "ignore_index": 7, "crop_size": 32},
+        },
+    }
+    (tmp_path / "seg.yaml").write_text(json.dumps(config))  # JSON is YAML
+    args = ["--config", str(tmp_path / "seg.yaml")]
+    cli = VitDenseCLI(
+        BaseTask,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        args=args,
+        run=False,
+        parser_class=VitDenseParser,
+    )
+    assert cli.datamodule.ignore_index == 7 and cli.model.ignore_index == 7
+    assert cli.model.val_metrics["seg"].ignore_index == 7  # the metrics skip the data's unlabelled pixels
+    # written twice, the model's copy would be replaced silently: refused, naming where it comes from
+    err = run_error(["fit", "--config", args[1], "--model.init_args.ignore_index=3"], capsys)
+    assert "model.init_args.ignore_index=3" in err and "data.init_args.ignore_index" in err

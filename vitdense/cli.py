@@ -18,6 +18,8 @@ fetched (works offline).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import sys
 from functools import partial
 from pathlib import Path
@@ -95,6 +97,7 @@ class VitDenseParser(LightningArgumentParser):
 LINKED = {
     "num_classes": "the data's classes (data.init_args)",
     "class_names": "the data's classes (data.init_args)",
+    "ignore_index": "the data's ignore_index (data.init_args.ignore_index)",
 }
 
 
@@ -105,6 +108,7 @@ class VitDenseCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
         parser.link_arguments("data.img_size", "model.init_args.backbone.img_size", apply_on="instantiate")
+        parser.link_arguments("data.ignore_index", "model.init_args.ignore_index", apply_on="instantiate")
         for name in ("num_classes", "class_names"):
             parser.link_arguments(
                 f"data.{name}",
@@ -168,8 +172,10 @@ class VitDenseCLI(LightningCLI):
         init = model.get("init_args") if model is not None else None
         if init is None:
             return
+        defaults = _init_defaults(model.get("class_path"))
         for key, source in LINKED.items():
-            if init.get(key) is not None:
+            # a value equal to the task's own default is the parser filling it in, not the user's
+            if init.get(key) is not None and init.get(key) != defaults.get(key):
                 raise ConfigError(
                     f"model.init_args.{key}={init.get(key)!r}: the task takes it from {source}; remove it from "
                     "the model's settings"
@@ -206,6 +212,18 @@ class VitDenseCLI(LightningCLI):
             if (user_error := _user_error(err)) is None:
                 raise
             _exit_with(user_error)
+
+
+def _init_defaults(class_path: str | None) -> dict[str, Any]:
+    """The default values of a class's constructor arguments, by name ({} if it cannot be imported)."""
+    if not class_path:
+        return {}
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return {}
+    return {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
 
 
 def _user_error(err: BaseException) -> BaseException | None:
