@@ -175,3 +175,21 @@ def test_the_run_seed_reproduces_the_training_batches(imagenet, monkeypatch):
     a, b, c = first_batch(1), first_batch(1), first_batch(2)
     assert torch.equal(a.image, b.image) and torch.equal(a.index, b.index)
     assert not torch.equal(a.image, c.image)
+
+
+def test_validation_on_a_held_out_part_of_the_training_split(imagenet):
+    def splits(seed):
+        data = ImageFolderDataModule(
+            root=str(imagenet), img_size=16, val_fraction=0.25, seed=seed, test_split="val", mean=MEAN, std=STD
+        )
+        data.setup("fit")
+        return data, [p for p, _ in data.train_dataset.samples], [p for p, _ in data.val_dataset.samples]
+
+    data, train, val = splits(0)
+    whole = [p for p, _ in ImageFolderDataset(imagenet / "train", lambda image: {"image": image}).samples]
+    assert len(val) == 3 and sorted(train + val) == sorted(whole) and not set(train) & set(val)
+    assert all("/train/" in p for p in val)  # never the val folder, which `test` reports on
+    assert [int(s.index) for s in data.val_dataset] == [0, 1, 2]  # re-indexed: per-sample keys stay unique
+    assert splits(0)[2] == val and splits(1)[2] != val  # the seed fixes it
+    data.setup("test")
+    assert all("/val/" in p for p, _ in data.test_dataset.samples)

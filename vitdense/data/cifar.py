@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdense.data.base import LoaderConfig, Triple
-from vitdense.data.classification import ClassificationDataModule
+from vitdense.data.classification import ClassificationDataModule, held_out_split
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -171,9 +171,7 @@ class CIFARDataModule(ClassificationDataModule):
         if stage in ("fit", "validate"):
             if self.val_fraction > 0:
                 images, labels = self._load(train=True)
-                order = np.random.default_rng(self.seed).permutation(len(images))
-                num_val = max(1, round(self.val_fraction * len(images)))
-                val_idx, train_idx = np.sort(order[:num_val]), np.sort(order[num_val:])
+                train_idx, val_idx = held_out_split(len(images), self.val_fraction, self.seed)
                 self.val_dataset = CIFARImages(images, labels, eval_transform, val_idx)
             else:
                 self.val_dataset = CIFARImages(*self._load(train=False), eval_transform)

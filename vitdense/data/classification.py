@@ -15,6 +15,7 @@ import numpy as np
 
 from vitdense.data.base import ImageDataModule
 from vitdense.data.transforms import classification_eval_transforms, classification_train_transforms
+from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
 
@@ -41,3 +42,14 @@ class ClassificationDataModule(ImageDataModule):
 def labeled_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> LabeledImages:
     """An unlabelled image (label -1) for a classification task's `predict_step`."""
     return LabeledImages(transform(image=image)["image"], -1, index)
+
+
+def held_out_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train indices, held-out indices), each sorted: a seeded random `fraction` of
+    `num_samples` (at least one) held out, e.g. for choosing hyperparameters on part of the
+    training set rather than on the split that is reported."""
+    if not 0 < fraction < 1:
+        raise DataError(f"val_fraction={fraction}: the held-out fraction of the training set is in (0, 1)")
+    order = np.random.default_rng(seed).permutation(num_samples)
+    num_val = max(1, round(fraction * num_samples))
+    return np.sort(order[num_val:]), np.sort(order[:num_val])

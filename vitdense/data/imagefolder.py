@@ -7,6 +7,7 @@ split lacks some classes.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ import albumentations as A
 from torch.utils.data import Dataset
 
 from vitdense.data.base import LoaderConfig, Triple
-from vitdense.data.classification import ClassificationDataModule
+from vitdense.data.classification import ClassificationDataModule, held_out_split
 from vitdense.data.images import IMAGE_SUFFIXES, decode_image
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
@@ -110,6 +111,13 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def subset(self, indices: Sequence[int], transform: Callable[..., dict[str, Any]]) -> ImageFolderDataset:
+        """The samples at `indices` (re-indexed 0..n-1), read with `transform`; no folder is listed again."""
+        part = copy.copy(self)
+        part.samples = [self.samples[i] for i in indices]
+        part.transform = transform
+        return part
+
     def __getitem__(self, index: int) -> LabeledImages:
         path, label = self.samples[index]
         image = self.transform(image=decode_image(path))["image"]
@@ -130,6 +138,9 @@ class ImageFolderDataModule(ClassificationDataModule):
         img_size: side of the square images fed to the model.
         train_split, val_split, test_split: split folder names under `root`; no test split
             by default.
+        val_fraction: hold out this seeded fraction of the train split as the validation set
+            instead of `val_split` (choose hyperparameters there, `test` on `test_split`).
+        seed: seed of the held-out part.
         predict_split: split folder to predict on; defaults to `val_split`.
         scale: area range of the training random resized crop.
         color_jitter: training colour jitter strength (0 disables it).
@@ -147,6 +158,8 @@ class ImageFolderDataModule(ClassificationDataModule):
         train_split: str = "train",
         val_split: str = "val",
         test_split: str | None = None,
+        val_fraction: float = 0.0,
+        seed: int = 0,
         predict_split: str | None = None,
         scale: tuple[float, float] = (0.08, 1.0),
         color_jitter: float = 0.4,
@@ -163,6 +176,9 @@ class ImageFolderDataModule(ClassificationDataModule):
         )
         self.root = Path(root)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
+        if not 0 <= val_fraction < 1:
+            raise DataError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
+        self.val_fraction, self.seed = val_fraction, seed
         self.predict_split = predict_split or val_split
         self.scale, self.color_jitter, self.crop_pct = tuple(scale), color_jitter, crop_pct
         if classes is None:
@@ -184,6 +200,13 @@ class ImageFolderDataModule(ClassificationDataModule):
         return ImageFolderDataset(self.root / split, transform, class_names=self.class_names)
 
     def setup_splits(self, stage: str) -> None:
+        if self.val_fraction > 0 and stage in ("fit", "validate"):
+            whole = self._split(self.train_split, self.eval_transforms())
+            train_idx, val_idx = held_out_split(len(whole), self.val_fraction, self.seed)
+            self.val_dataset = whole.subset(val_idx, self.eval_transforms())
+            self.train_dataset = whole.subset(train_idx, self.train_transforms(self.scale, self.color_jitter))
+            _logger.info("%s: validation on %d held-out training images (seed %d)", self.root, len(val_idx), self.seed)
+            return
         if stage == "fit":
             self.train_dataset = self._split(self.train_split, self.train_transforms(self.scale, self.color_jitter))
         if stage in ("fit", "validate"):
