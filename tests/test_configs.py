@@ -116,7 +116,7 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
 
 
 def test_ade20k_recipe_tests_on_validation_with_test_windows(tmp_path, monkeypatch):
-    """`python -m vitdense test` on the ADE20K config scores the validation split, 480-px stride."""
+    """`python -m vitdense test` on the ADE20K config scores the validation split in Segmenter's windows."""
     monkeypatch.chdir(tmp_path)
     config = Path(__file__).parents[1] / "configs" / "seg_ade20k.yaml"
     cfg = yaml.safe_load(config.read_text())
@@ -125,7 +125,7 @@ def test_ade20k_recipe_tests_on_validation_with_test_windows(tmp_path, monkeypat
     args += ["--trainer.precision=auto"]  # (not the emulated bf16 of CPUs without it)
     args += ["--trainer.enable_progress_bar=false"]
     cli = main(args)
-    assert cli.model.test_stride == 60  # window 64 (the crop) x 15/16, Segmenter's 512/480
+    assert cli.model.test_stride == cli.model.window == 64  # the crop, stride = window: Segmenter's 512/512
     assert len(cli.datamodule.test_dataset) == 3
     assert 0 <= cli.trainer.callback_metrics["test/mIoU"] <= 1
 

@@ -108,7 +108,6 @@ class VitDenseCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
         parser.link_arguments("data.img_size", "model.init_args.backbone.img_size", apply_on="instantiate")
-        parser.link_arguments("data.ignore_index", "model.init_args.ignore_index", apply_on="instantiate")
         for name in ("num_classes", "class_names"):
             parser.link_arguments(
                 f"data.{name}",
@@ -205,6 +204,25 @@ class VitDenseCLI(LightningCLI):
                 if key in ckpt.data and data.init_args.get(key) is None:
                     data.init_args[key] = ckpt.data[key]
 
+    def before_instantiate_classes(self) -> None:
+        self._link_ignore_index()
+
+    def _link_ignore_index(self) -> None:
+        """The data's `ignore_index` into a task that takes one (segmentation). Not a parser
+        link: jsonargparse would hand it to every task, also those without the argument."""
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        model, data = config.get("model"), config.get("data")
+        if model is None or data is None or "ignore_index" not in _init_defaults(model.get("class_path")):
+            return
+        data_init = data.get("init_args") or {}
+        value = (
+            data_init.get("ignore_index")
+            if "ignore_index" in data_init
+            else _class_attribute(data.get("class_path"), "ignore_index")
+        )
+        if value is not None:
+            model.init_args.ignore_index = value
+
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
@@ -214,16 +232,26 @@ class VitDenseCLI(LightningCLI):
             _exit_with(user_error)
 
 
-def _init_defaults(class_path: str | None) -> dict[str, Any]:
-    """The default values of a class's constructor arguments, by name ({} if it cannot be imported)."""
+def _import(class_path: str | None) -> type | None:
+    """The class at `class_path`, or None if it cannot be imported."""
     if not class_path:
-        return {}
+        return None
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        return {}
-    return {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+        return None
+
+
+def _init_defaults(class_path: str | None) -> dict[str, Any]:
+    """A class's constructor arguments with their defaults (`inspect.Parameter.empty` where
+    none), by name; {} if it cannot be imported."""
+    cls = _import(class_path)
+    return {} if cls is None else {k: p.default for k, p in inspect.signature(cls).parameters.items()}
+
+
+def _class_attribute(class_path: str | None, name: str) -> Any:
+    return getattr(_import(class_path), name, None)
 
 
 def _user_error(err: BaseException) -> BaseException | None:

@@ -19,8 +19,8 @@ from vitdense.data.det_transforms import detection_eval_transforms
 from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads import DETRHead
 from vitdense.heads.detr import inverse_sigmoid
-from vitdense.tasks import BackboneConfig, DetectionTask
 from vitdense.models import postprocess
+from vitdense.tasks import BackboneConfig, DetectionTask
 from vitdense.types import DetectionOutput
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8})

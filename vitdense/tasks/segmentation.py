@@ -52,8 +52,8 @@ class SegmentationTask(BaseTask):
         window: sliding-window side in evaluation; None: the backbone's native size.
         val_stride: window stride during training-time validation (None: = window,
             Segmenter's 512/512).
-        test_stride: window stride for `test` and `predict` (None: window * 15/16, 512/480
-            as some mmseg configs; Segmenter's own ADE20K evaluation is 512/512).
+        test_stride: window stride for `test` and `predict` (None: = window, Segmenter's
+            512/512 on ADE20K; mmseg's configs for other models often overlap, e.g. 512/341).
         test_scales, test_flip: multi-scale / flip test-time augmentation of `test` and
             `predict` (Segmenter's multi-scale: 0.5, 0.75, 1.0, 1.25, 1.5, 1.75 with flip).
         window_batch_size: windows run through the model at once.
@@ -96,7 +96,7 @@ class SegmentationTask(BaseTask):
             lr_interval=lr_interval,
         )
         self.val_stride = val_stride or self.window
-        self.test_stride = test_stride or self.window - self.window // 16
+        self.test_stride = test_stride or self.window
         self.test_scales = test_scales or [1.0]
         self.test_flip = test_flip
         self.window_batch_size = window_batch_size
