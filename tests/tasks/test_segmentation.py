@@ -64,4 +64,4 @@ def test_the_stage_argument_picks_crops_validation_windows_or_test_windows(monke
         assert task.forward_batch(b, "train").logits[0].shape == (1, 3, 32, 32)
         for stage in ("val", "test", "predict"):
             task.forward_batch(b, stage)
-    assert calls == [(32, [1.0], False), (30, [1.0, 0.5], True), (30, [1.0, 0.5], True)]
+    assert calls == [(32, [1.0], False), (32, [1.0, 0.5], True), (32, [1.0, 0.5], True)]  # stride = window
