@@ -7,14 +7,18 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
 
+from vitdense.checkpoint import ResumeRNG
 from vitdense.draw import blend, draw_boxes, palette_of
 
 _logger = logging.getLogger(__name__)
@@ -268,3 +272,22 @@ class COCOResultsWriter(BasePredictionWriter):
         path = rank_path(self.output_file, trainer)
         path.write_text(json.dumps(self.results))
         _logger.info("wrote %d detections to %s", len(self.results), path)
+
+
+def task_callbacks(
+    trainer: L.Trainer, prediction_writer: Callable[[Path], BasePredictionWriter | None]
+) -> list[L.Callback]:
+    """The callbacks a vitdense task adds to its trainer (`configure_callbacks`): every run
+    counts skipped samples (`SkippedSamples`); `fit` keeps the random states for exact resume
+    (`ResumeRNG`); `predict` without a writer of the user's writes the task's own
+    (`prediction_writer(output_dir)`) under `<default_root_dir>/predictions/` and says where."""
+    callbacks: list[L.Callback] = [SkippedSamples()]
+    if trainer.state.fn == TrainerFn.FITTING:
+        callbacks.append(ResumeRNG())
+    if trainer.predicting and not any(isinstance(c, BasePredictionWriter) for c in trainer.callbacks):
+        output_dir = Path(trainer.default_root_dir) / "predictions"
+        writer = prediction_writer(output_dir)
+        if writer is not None:
+            rank_zero_info(f"predictions go to {output_dir}/ (add a writer callback to choose)")
+            callbacks.append(writer)
+    return callbacks

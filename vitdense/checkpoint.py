@@ -141,6 +141,15 @@ class ResumeRNG(L.Callback):
             self._to_restore = None
 
 
+def under_model(state_dict: dict[str, Any], own_keys: Any) -> dict[str, Any]:
+    """A task state dict written before tasks held their model as `model` (keys `backbone.*`,
+    `head.*`, `best_head`), with those keys moved under `model.`; a newer one unchanged."""
+    if any(k.startswith("model.") for k in state_dict):
+        return state_dict
+    own = set(own_keys)
+    return {(f"model.{k}" if k not in own and f"model.{k}" in own else k): v for k, v in state_dict.items()}
+
+
 def load_checkpoint(path: str | Path) -> Any:
     """The object a checkpoint file holds (tensors memory-mapped: weights stay on disk), or
     one `CheckpointError` naming the file: no such file, or not a file that loads safely."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -191,7 +192,25 @@ def param_groups(
     return list(groups.values())
 
 
-#: the defaults of every task: AdamW, no warmup, cosine decay over the whole run
+def optimizer_config(
+    optimizer: Callable[[list[dict]], torch.optim.Optimizer],
+    lr_scheduler: Callable[[torch.optim.Optimizer], Any],
+    groups: list[dict],
+    interval: str,
+    monitor: str,
+) -> dict:
+    """What `configure_optimizers` returns: the optimizer over `groups`, each group's rate
+    times its `lr_scale`, and the schedule stepped every `interval` ("step" or "epoch"; a
+    plateau schedule watches `monitor` once it exists and counts its patience in epochs)."""
+    opt = optimizer(groups)
+    for group in opt.param_groups:
+        group["lr"] *= group.get("lr_scale", 1.0)
+    scheduler = lr_scheduler(opt)
+    if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        interval = "epoch"
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": scheduler, "interval": interval, "monitor": monitor}}
+
+
 def resolve_schedules(trainer: Any) -> None:
     """Give every `WarmupSchedule` of a starting fit its length (the whole training, in the
     unit it steps in) and the units per epoch its warmup in epochs is counted in."""
@@ -211,5 +230,6 @@ def schedule_units(trainer: Any, interval: str) -> tuple[int, float]:
     return total, float(per_epoch)
 
 
+#: the defaults of every task: AdamW, no warmup, cosine decay over the whole run
 DEFAULT_OPTIMIZER = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
 DEFAULT_LR_SCHEDULER = partial(WarmupCosineLR, warmup_steps=0)

@@ -2,8 +2,10 @@
 
 A subclass stores the settings its hooks read, then calls `super().__init__(...)`, which
 builds the task by calling the hooks (so a subclass overrides what it needs and forgets
-nothing): `configure_backbone(config)`, `configure_head(head)` (recorded for checkpoints),
-`configure_metrics()` (cloned per stage). The loop's hooks are each told the stage ("train",
+nothing): `configure_backbone(config)`, `configure_head(head, backbone)` (recorded for
+checkpoints), `build_model(backbone, head)` (the plain `vitdense.models` module the task
+wraps as `self.model`), `configure_metrics()` (cloned per stage). The loop's hooks are each
+told the stage ("train",
 "val", "test", "predict") rather than reading it off the trainer:
 
     forward_batch(batch, stage)                  -> task output (a NamedTuple)
@@ -14,9 +16,9 @@ nothing): `configure_backbone(config)`, `configure_head(head)` (recorded for che
     draw_batch(batch, pixels, palette)           -> pictures of predictions beside the truth
     prediction_writer(output_dir)                -> what `predict` writes by default
 
-Parameter groups, the optimizer and schedule, the shared step and the epoch-end metrics live
-here once; hub weights in `vitdense.tasks.pretrained`, head recording and resume RNG state in
-`vitdense.checkpoint`, skipped-sample counts in `vitdense.callbacks.SkippedSamples`.
+The shared step and the epoch-end metrics and losses live here once; optimisation in `vitdense.optim`,
+hub weights in `vitdense.tasks.pretrained`, head recording and resume RNG state in
+`vitdense.checkpoint`, the callbacks every task adds in `vitdense.callbacks.task_callbacks`.
 """
 
 from __future__ import annotations
@@ -30,19 +32,18 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
-from vitdense.callbacks import SkippedSamples
-from vitdense.checkpoint import HeadFactory, ResumeRNG, head_factory, record_head
+from vitdense.callbacks import task_callbacks
+from vitdense.checkpoint import HeadFactory, head_factory, record_head, under_model
 from vitdense.errors import ConfigError
 from vitdense.metrics import LossMeans
 from vitdense.models import ImageClassifier
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, param_groups, resolve_schedules
+from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, param_groups, resolve_schedules
 from vitdense.tasks.pretrained import PretrainedBackbone
 from vitdense.types import ImageSizes, Losses
 
@@ -60,10 +61,8 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         class_names: names of the K classes (linked from the DataModule); default "0".."K-1".
         backbone: how to build and train the encoder (`BackboneConfig`).
         optimizer: callable making the optimizer from parameter groups (YAML: class_path).
-        lr_scheduler: callable making the schedule from the optimizer; a `WarmupSchedule` left
-            without a length runs for the whole training (warmup may be given in epochs).
-        lr_interval: step the schedule every optimizer "step" or every "epoch" (the unit of a
-            `WarmupSchedule`'s lengths and warmups).
+        lr_scheduler: callable making the schedule from the optimizer (`vitdense.optim`).
+        lr_interval: step the schedule every optimizer "step" or every "epoch" (its unit).
     """
 
     #: metric that model selection and checkpointing watch, and in which direction
@@ -164,14 +163,7 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         return self.model(images, image_sizes)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # checkpoints written before the model object kept `backbone.*`, `head.*`, `best_head`
-        # at the top: move them under `model.`
-        state = checkpoint.get("state_dict")
-        if state and not any(k.startswith("model.") for k in state):
-            own = self.state_dict().keys()
-            checkpoint["state_dict"] = {
-                (f"model.{k}" if k not in own and f"model.{k}" in own else k): v for k, v in state.items()
-            }
+        checkpoint["state_dict"] = under_model(checkpoint.get("state_dict", {}), self.state_dict())  # older keys
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""
@@ -181,9 +173,8 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
     # ------------------------------------------------------------------------ the loop
     def metrics_of(self, stage: Stage) -> MetricCollection | None:
         """The stage's metric collection, or None where the stage keeps none."""
-        if stage == "train" and not self.log_train_metrics:
-            return None
-        return {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}.get(stage)
+        kept = {"train": self.train_metrics, "val": self.val_metrics, "test": self.test_metrics}
+        return None if stage == "train" and not self.log_train_metrics else kept.get(stage)
 
     @cached_property
     def eval_losses(self) -> LossMeans:
@@ -243,36 +234,14 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         self._end_epoch("test")
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Every run counts skipped samples; `fit` keeps the random states for exact resume;
-        `predict` without a writer of the user's writes the task's own (`prediction_writer`)
-        under `<default_root_dir>/predictions/`. (vitdense's `Trainer` adds the pictures.)"""
-        trainer = self._trainer
-        if trainer is None:
-            return []
-        callbacks: list[L.Callback] = [SkippedSamples()]
-        if trainer.state.fn == TrainerFn.FITTING:
-            callbacks.append(ResumeRNG())
-        if trainer.predicting and not any(isinstance(c, BasePredictionWriter) for c in trainer.callbacks):
-            output_dir = Path(trainer.default_root_dir) / "predictions"
-            writer = self.prediction_writer(output_dir)
-            if writer is not None:
-                rank_zero_info(f"predictions go to {output_dir}/ (add a writer callback to choose)")
-                callbacks.append(writer)
-        return callbacks
+        """Skipped-sample counts, resume RNG state, the task's own prediction writer: see
+        `vitdense.callbacks.task_callbacks`. (vitdense's `Trainer` adds the pictures.)"""
+        return [] if self._trainer is None else task_callbacks(self._trainer, self.prediction_writer)
 
     # ------------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict:
-        optimizer = self.optimizer(self.param_groups())
-        for group in optimizer.param_groups:
-            group["lr"] *= group.get("lr_scale", 1.0)
-        scheduler = self.lr_scheduler(optimizer)
-        # a plateau schedule watches the validation metric once it exists and counts its patience in epochs
-        plateau = isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        interval = "epoch" if plateau else self.lr_interval
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": interval, "monitor": self.monitor},
-        }
+        groups = self.param_groups()
+        return optimizer_config(self.optimizer, self.lr_scheduler, groups, self.lr_interval, self.monitor)
 
     def on_train_start(self) -> None:
         # lengths from the trainer, here rather than in configure_optimizers: the train loader exists by
