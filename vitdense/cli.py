@@ -31,13 +31,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vitdense.checkpoint import Checkpoint, load_checkpoint
 from vitdense.data.base import loader_key_hint
-from vitdense.errors import CheckpointError, ConfigError, DataError
+from vitdense.errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from vitdense.tasks import BaseTask
 from vitdense.trainer import Trainer
 
 #: errors of the user's making (config, files, data) that deserve one line, not a traceback;
 #: any other exception is a bug and keeps its traceback
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigError, DataError)
+USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigError, DataError, NonFiniteError)
 
 
 #: `--ckpt_path` values Lightning resolves itself (from the checkpoint callbacks)
