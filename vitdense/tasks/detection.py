@@ -99,9 +99,7 @@ class DetectionTask(BaseTask):
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
     ) -> None:
-        if selection not in ("per_query", "top_k"):
-            raise ConfigError(f"model.selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
-        # read by build_model, which the base calls
+        # read by build_model, which the base calls (the model checks them)
         self._selection, self._top_k = selection, top_k
         super().__init__(
             num_classes=num_classes,
