@@ -193,3 +193,22 @@ def test_a_checkpoint_of_another_class_count(trained, capsys, monkeypatch):
     line = run_error([*args, "--data.init_args.num_classes=3"], capsys)
     assert f"ckpt_path {ckpt} was trained on 4 classes (circle, square, triangle, cross)" in line
     assert "but the data has 3" in line
+
+
+def test_predict_says_only_what_the_user_can_act_on(trained, tmp_path):
+    """A newcomer's `predict` from a checkpoint prints no warning they cannot act on: neither
+    Lightning's 'args and sys.argv' (vitdense rewrites the command line), jsonargparse's
+    'unable to serialize functools.partial' (the default optimizer), 'No seed found', nor
+    Lightning's advertisements."""
+    import subprocess
+    import sys
+
+    _, ckpt = trained["seg"]
+    photos = write_photos(tmp_path / "photos")
+    command = [sys.executable, "-m", "vitdense", "predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={photos}"]
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    assert "predictions go to" in out
+    for noise in ("args parameter is intended", "Unable to serialize", "No seed found", "💡 Tip", "LeafSpec"):
+        assert noise not in out, noise

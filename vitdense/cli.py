@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import warnings
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,11 @@ class VitDenseCLI(LightningCLI):
                 "data.init_args.backbone: the data normalises as the model's encoder "
                 "(model.init_args.backbone.name, linked) was pretrained; set data.init_args.mean and std instead"
             )
-        super().parse_arguments(parser, args)
+        with warnings.catch_warnings():
+            # the command line's own arguments, rewritten here (a checkpoint's config added): the
+            # "both args and sys.argv" warning would blame the user for what vitdense did
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            super().parse_arguments(parser, args)
         self._refuse_linked_settings()
         if self.checkpoint is not None:
             self._check_against_checkpoint()
@@ -287,15 +292,22 @@ def _exit_with(err: BaseException) -> None:
 def main(args: list[str] | None = None) -> VitDenseCLI:
     """Run the CLI; `args` as on the command line (tests pass a list)."""
     try:
-        return VitDenseCLI(
-            BaseTask,
-            L.LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            trainer_class=Trainer,
-            args=args,
-            save_config_kwargs={"overwrite": True},
-            parser_class=VitDenseParser,
-        )
+        with warnings.catch_warnings():
+            # the tasks' default optimizer and schedule are functools.partial objects, which
+            # jsonargparse cannot write into the saved config.yaml (it keeps the rest); nothing to act on
+            warnings.filterwarnings("ignore", message=r"\s*Unable to serialize instance functools.partial")
+            # Lightning's own use of a torch API that newer torch deprecates
+            warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+            return VitDenseCLI(
+                BaseTask,
+                L.LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                trainer_class=Trainer,
+                args=args,
+                save_config_kwargs={"overwrite": True},
+                parser_class=VitDenseParser,
+                seed_everything_default=0,  # every recipe's seed; a run from a checkpoint alone gets it too
+            )
     except USER_ERRORS as err:  # e.g. bad data at setup
         _exit_with(err)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,18 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from vitdense.precision import resolve_precision
 from vitdense.viz.callbacks import ImagesPerSecond, ValidationImages
+
+#: Lightning's advertisements for its cloud services ("💡 Tip: ... litlogger / litmodels"),
+#: printed on every run; nothing in them is the user's to act on
+_ADVERTISEMENT = "💡 Tip:"
+
+
+class _NoAdvertisements(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_ADVERTISEMENT)
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertisements())
 
 
 def _noting_checkpoint(method: Callable) -> Callable:
