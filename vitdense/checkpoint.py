@@ -33,6 +33,17 @@ from torch import nn
 import vitdense.backbone.config  # noqa: F401  (hyperparameters hold a BackboneConfig: registered for weights_only)
 from vitdense.errors import CheckpointError
 
+
+def locate(class_path: str) -> Any:
+    """The object named by a dotted path ("vitdense.heads.LinearDecoder"), imported.
+
+    Raises:
+        ImportError, AttributeError: no such module, or no such name in it.
+    """
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
 #: a head from the backbone's width D and the number of classes K: `head(embed_dim, num_classes)`;
 #: in YAML a `class_path` (+ `init_args` for everything but those two), e.g. vitdense.heads.LinearDecoder
 HeadFactory = Callable[[int, int], nn.Module]
@@ -51,8 +62,7 @@ class HeadSpec:
     init_args: dict[str, Any]
 
     def __call__(self, embed_dim: int, num_classes: int) -> nn.Module:
-        module, _, name = self.class_path.rpartition(".")
-        return getattr(importlib.import_module(module), name)(embed_dim, num_classes, **self.init_args)
+        return locate(self.class_path)(embed_dim, num_classes, **self.init_args)
 
     @classmethod
     def of(cls, factory: HeadFactory) -> HeadSpec | None:
@@ -205,9 +215,8 @@ class Checkpoint:
 
     def task_type(self) -> type[L.LightningModule]:
         """The task class the checkpoint was trained with (imported by its recorded path)."""
-        module, _, name = self.task_class.rpartition(".")
         try:
-            return getattr(importlib.import_module(module), name)
+            return locate(self.task_class)
         except (ImportError, AttributeError) as err:
             raise CheckpointError(
                 f"ckpt_path {self.path}: its task {self.task_class} cannot be imported ({err}); install the package "

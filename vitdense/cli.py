@@ -18,7 +18,6 @@ fetched (works offline).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 import warnings
@@ -30,7 +29,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vitdense.checkpoint import Checkpoint, load_checkpoint
+from vitdense.checkpoint import Checkpoint, load_checkpoint, locate
 from vitdense.data.base import loader_key_hint
 from vitdense.errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from vitdense.tasks import BaseTask
@@ -241,9 +240,8 @@ def _import(class_path: str | None) -> type | None:
     """The class at `class_path`, or None if it cannot be imported."""
     if not class_path:
         return None
-    module, _, name = class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        return locate(class_path)
     except (ImportError, AttributeError, ValueError):
         return None
 

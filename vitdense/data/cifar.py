@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
 from vitdense.data.base import LoaderConfig, Triple
-from vitdense.data.classification import ClassificationDataModule, held_out_split
+from vitdense.data.classification import ClassificationDataModule, check_val_fraction, held_out_split
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
@@ -123,8 +123,7 @@ class CIFARDataModule(ClassificationDataModule):
         )
         if variant not in _VARIANTS:
             raise DataError(f"variant={variant!r}: choose one of {', '.join(_VARIANTS)}")
-        if not 0 <= val_fraction < 1:
-            raise DataError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
+        check_val_fraction(val_fraction)
         self.root = Path(root)
         self.variant, self.download, self.val_fraction, self.seed = variant, download, val_fraction, seed
         self.scale, self.color_jitter = tuple(scale), color_jitter

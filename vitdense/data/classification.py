@@ -44,6 +44,13 @@ def labeled_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, 
     return LabeledImages(transform(image=image)["image"], -1, index)
 
 
+def check_val_fraction(val_fraction: float) -> None:
+    """A DataModule's `val_fraction`: 0 (validate on the dataset's own split) or a held-out
+    fraction of the training set below 1."""
+    if not 0 <= val_fraction < 1:
+        raise DataError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
+
+
 def held_out_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train indices, held-out indices), each sorted: a seeded random `fraction` of
     `num_samples` (at least one) held out, e.g. for choosing hyperparameters on part of the

@@ -17,7 +17,7 @@ import albumentations as A
 from torch.utils.data import Dataset
 
 from vitdense.data.base import LoaderConfig, Triple
-from vitdense.data.classification import ClassificationDataModule, held_out_split
+from vitdense.data.classification import ClassificationDataModule, check_val_fraction, held_out_split
 from vitdense.data.images import IMAGE_SUFFIXES, decode_image
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
@@ -176,8 +176,7 @@ class ImageFolderDataModule(ClassificationDataModule):
         )
         self.root = Path(root)
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
-        if not 0 <= val_fraction < 1:
-            raise DataError(f"val_fraction={val_fraction}: the held-out fraction of the training set is in [0, 1)")
+        check_val_fraction(val_fraction)
         self.val_fraction, self.seed = val_fraction, seed
         self.predict_split = predict_split or val_split
         self.scale, self.color_jitter, self.crop_pct = tuple(scale), color_jitter, crop_pct
