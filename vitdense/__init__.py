@@ -1,7 +1,9 @@
 """vitdense: one Vision Transformer backbone, interchangeable Lightning tasks.
 
-`vitdense.load_model("run.ckpt")` returns a trained checkpoint's plain model
-(`vitdense.models`), ready to call on images without Lightning.
+`vitdense.load("run.ckpt")` returns a trained checkpoint's predictor: call it on image
+files, PIL images, arrays or tensors and get typed results (`vitdense.predictor`).
+`vitdense.load_model("run.ckpt")` returns its plain model (`vitdense.models`), a module
+to call on normalised image tensors, script or export.
 """
 
 from __future__ import annotations
@@ -9,11 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["load_model"]
+__all__ = ["load", "load_model"]
 
 
 def __getattr__(name: str) -> Any:
     # lazily: `import vitdense.types` must not pull in Lightning
+    if name == "load":
+        from vitdense.predictor import load
+
+        return load
     if name == "load_model":
         from vitdense.checkpoint import load_model
 
