@@ -18,6 +18,7 @@ fetched (works offline).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import warnings
@@ -87,7 +88,7 @@ class VitDenseParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> None:
         message = loader_key_hint(message)
         print(
-            f"vitdense: error: {message.strip()}\n(options: python -m vitdense {{fit,validate,test,predict}} --help)",
+            f"vitdense: error: {message.strip()}\n(options: python -m vitdense {{fit,validate,test,predict,export,serve}} --help)",
             file=sys.stderr,
         )
         raise SystemExit(2)
@@ -287,8 +288,32 @@ def _exit_with(err: BaseException) -> None:
     raise SystemExit(2) from err
 
 
-def main(args: list[str] | None = None) -> VitDenseCLI:
+#: subcommands beside LightningCLI's: name -> (module whose `main(argv)` runs it, the extra it needs)
+COMMANDS = {"export": ("vitdense.export", "export"), "serve": ("vitdense.serve", "serve")}
+
+
+def run_command(name: str, argv: list[str]) -> None:
+    """`python -m vitdense <name> ...` for a name of `COMMANDS`: its own parser, the same
+    one-line errors as the rest of the command line."""
+    module, extra = COMMANDS[name]
+    try:
+        command = importlib.import_module(module)
+    except ImportError as err:
+        if err.name is None or err.name.startswith("vitdense"):
+            raise
+        print(f"vitdense: error: {name} needs {err.name}: pip install 'vitdense[{extra}]'", file=sys.stderr)
+        raise SystemExit(2) from err
+    try:
+        command.main(argv)
+    except USER_ERRORS as err:
+        _exit_with(err)
+
+
+def main(args: list[str] | None = None) -> VitDenseCLI | None:
     """Run the CLI; `args` as on the command line (tests pass a list)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] in COMMANDS:
+        return run_command(argv[0], argv[1:])
     try:
         with warnings.catch_warnings():
             # the tasks' default optimizer and schedule are functools.partial objects, which

@@ -16,6 +16,7 @@ folder of them.
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -105,8 +106,39 @@ def read_image(path: str | Path) -> tuple[np.ndarray, int]:
             return to_rgb8(img), orientation(img)
     except (FileNotFoundError, DataError):
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+    except _UNREADABLE as err:
         raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
+
+
+#: what Pillow raises for bytes that are not a whole image it can read
+_UNREADABLE = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+class ImageTooLarge(DataError):
+    """An image of more pixels than the reader was allowed to decode."""
+
+
+def decode_image_bytes(data: bytes, max_pixels: int | None = None) -> np.ndarray:
+    """An encoded image (a file's bytes: JPEG, PNG, ...) as an upright [H, W, 3] uint8 RGB
+    array, read as `decode_image` reads files.
+
+    Raises:
+        ImageTooLarge: its header declares more than `max_pixels` pixels (checked before decoding).
+        DataError: empty, corrupt, truncated or not an image.
+    """
+    if not data:
+        raise DataError("empty image (0 bytes)")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageTooLarge(f"an image of {width} x {height} pixels is over the limit of {max_pixels} pixels")
+            return apply_orientation(to_rgb8(img), orientation(img))
+    except DataError:
+        raise
+    except _UNREADABLE as err:
+        why = "not a format Pillow reads" if isinstance(err, UnidentifiedImageError) else str(err)
+        raise DataError(f"not an image that can be decoded ({why}); send a JPEG, PNG, TIFF, WebP or BMP file") from err
 
 
 def decode_image(path: str | Path) -> np.ndarray:
