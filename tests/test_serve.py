@@ -147,3 +147,14 @@ def test_a_bad_request_in_a_batch_leaves_the_others_alone(server):
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(lambda b: post(server, *b), [good, bad] * 8))
     assert [status for status, _ in answers] == [200, 400] * 8
+
+
+def test_readme_client_example(server, tmp_path, monkeypatch):
+    from tests.test_readme import as_module, code_blocks
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "photos").mkdir()
+    Image.fromarray(np.full((40, 30, 3), 200, np.uint8)).save(tmp_path / "photos" / "a.jpg")
+    (code,) = code_blocks("Serving a model over HTTP")
+    module = as_module("readme_serve", code.replace("http://127.0.0.1:8000", server), monkeypatch)
+    assert module.answer["size"] == [40, 30] and module.answer["task"] == "detection"
