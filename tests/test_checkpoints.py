@@ -151,6 +151,47 @@ def test_a_checkpoint_of_pretrained_weights_restores_offline(trained, tmp_path, 
     assert len(list(csv.DictReader(out.open()))) == len(PHOTOS)
 
 
+def test_a_checkpoint_saved_from_python_loads_and_predicts_alone(fitted_from_python, trained, tmp_path, monkeypatch):
+    """A task fitted from Python (`lightning.Trainer(...).fit(task, datamodule)`, no CLI) names
+    its task and data classes in its checkpoint as the CLI does: `vitdense.load_model` rebuilds
+    its model, and `predict --ckpt_path` runs on it alone. A CLI checkpoint keeps what the CLI wrote."""
+    import vitdense
+
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    task, ckpt = fitted_from_python
+    model = vitdense.load_model(ckpt)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), task.model(x))
+    out = tmp_path / "classes.csv"
+    writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predict(ckpt, write_photos(tmp_path / "photos"), *writer)
+    # Lightning's default ModelCheckpoint wrote it: its folder is no concern of predict's
+    assert not [w for w in caught if "dirpath has changed" in str(w.message)]
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == len(PHOTOS) and {r["class_1"] for r in rows} <= set(task.class_names)
+    cli_hparams = torch.load(trained["cls"][1], map_location="cpu", weights_only=True)["hyper_parameters"]
+    assert cli_hparams["_class_path"] == "vitdense.tasks.ClassificationTask"  # as demo_cls.yaml names it
+
+
+def test_an_older_python_checkpoint_says_how_to_load_it(fitted_from_python, older_python_checkpoint, capsys):
+    """Saved from Python before checkpoints named their classes: the error says how to load it."""
+    from vitdense.checkpoint import load_model
+    from vitdense.errors import CheckpointError
+    from vitdense.tasks import ClassificationTask
+
+    task, _ = fitted_from_python
+    older = older_python_checkpoint
+    with pytest.raises(CheckpointError, match=r"TheTask\.load_from_checkpoint\("):
+        load_model(older)
+    line = run_error(["predict", f"--ckpt_path={older}", "--data.predict_dir=."], capsys)
+    assert f"TheTask.load_from_checkpoint({str(older)!r})" in line
+    assert ClassificationTask.load_from_checkpoint(older).backbone_config == task.backbone_config  # as it says
+
+
 def run_error(args, capsys) -> str:
     with pytest.raises(SystemExit) as exit_info:
         main(args)

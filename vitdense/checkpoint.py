@@ -4,6 +4,8 @@
   task's hyperparameters), so that a checkpoint rebuilds the head it was trained with.
 - `ResumeRNG`: the global random states at each save, restored right before the first
   resumed step, so that a resumed fit draws what the uninterrupted one would have.
+- `record_class_paths`: the task's and the DataModule's classes named in every checkpoint,
+  as LightningCLI names them, also when the task was trained from Python (`Trainer.fit`).
 - `Checkpoint`: what a Lightning checkpoint says of its task and data, read lazily, or one
   `CheckpointError` naming the file (the command line and `python -m vitdense.viz` use it).
 - `load_task` / `load_model`: the trained task, or just its plain model (`vitdense.models`),
@@ -19,7 +21,7 @@ import pickle
 import random
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 import vitdense.backbone.config  # noqa: F401  (hyperparameters hold a BackboneConfig: registered for weights_only)
-from vitdense.errors import CheckpointError
+from vitdense.errors import CheckpointError, NoTaskError
 
 
 def locate(class_path: str) -> Any:
@@ -151,6 +153,41 @@ class ResumeRNG(L.Callback):
             self._to_restore = None
 
 
+#: where LightningCLI names a class in a checkpoint's hyperparameters (and `Checkpoint` reads it)
+CLASS_PATH_KEY = "_class_path"
+#: what LightningCLI records to rebuild a class from its plain-data hyperparameters (jsonargparse)
+INSTANTIATOR = "lightning.pytorch.cli.instantiate_module"
+
+
+def importable_path(cls: type) -> str | None:
+    """The dotted path that imports `cls` in another process, or None: a class of a script
+    run as `__main__`, or one defined inside a function."""
+    if cls.__module__ == "__main__" or "<locals>" in cls.__qualname__:
+        return None
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def record_class_paths(checkpoint: dict[str, Any], task: L.LightningModule, datamodule: Any) -> None:
+    """Write the task's and the DataModule's hyperparameters in `checkpoint` as LightningCLI
+    writes them, where it has not: a task trained from Python (`Trainer.fit(task, datamodule)`)
+    then saves a checkpoint that `Checkpoint`, `load_model`, `python -m vitdense predict
+    --ckpt_path` and `python -m vitdense.viz` read as one of the CLI's.
+
+    As the CLI's: the class named (`_class_path`), dataclass settings (`BackboneConfig`) as
+    plain dicts, which the CLI's parser reads, and its instantiator recorded, with which
+    `load_from_checkpoint` rebuilds them. A CLI checkpoint is left as it is; so is a class
+    that another process could not import (defined in a script or a function)."""
+    objects = [(task, task.CHECKPOINT_HYPER_PARAMS_KEY)]
+    if datamodule is not None:
+        objects.append((datamodule, datamodule.CHECKPOINT_HYPER_PARAMS_KEY))
+    for obj, key in objects:
+        hparams = checkpoint.get(key)
+        path = importable_path(type(obj))
+        if isinstance(hparams, dict) and CLASS_PATH_KEY not in hparams and path is not None:
+            plain = {k: asdict(v) if is_dataclass(v) and not isinstance(v, type) else v for k, v in hparams.items()}
+            checkpoint[key] = {CLASS_PATH_KEY: path, **plain, "_instantiator": INSTANTIATOR}
+
+
 def under_model(state_dict: dict[str, Any], own_keys: Any) -> dict[str, Any]:
     """A task state dict written before tasks held their model as `model` (keys `backbone.*`,
     `head.*`, `best_head`), with those keys moved under `model.`; a newer one unchanged."""
@@ -188,16 +225,27 @@ class Checkpoint:
         self.path = Path(path)
         ckpt = load_checkpoint(self.path)
         hparams = ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {}
-        if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "_class_path" not in hparams:
-            raise CheckpointError(
+        if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+            raise NoTaskError(
                 f"ckpt_path {self.path}: weights without the task they belong to (no state_dict and "
-                "hyper_parameters of a LightningCLI run); to start from these weights set "
-                f"model.init_args.backbone.checkpoint={self.path}"
+                "hyper_parameters of a vitdense run); to start from these weights set "
+                f"model.init_args.backbone.checkpoint={self.path}",
+                lightning=False,
             )
-        self.task_class: str = hparams["_class_path"]
+        if CLASS_PATH_KEY not in hparams:
+            raise NoTaskError(
+                f"ckpt_path {self.path}: weights without the task they belong to (a Lightning checkpoint whose "
+                "hyper_parameters name no task class: saved from Python by an earlier vitdense, or by a task class "
+                "defined in a script); load it in Python with its task class, "
+                f"TheTask.load_from_checkpoint({str(self.path)!r}) (e.g. TheTask = vitdense.tasks.ClassificationTask; "
+                "its .model is the plain model), or start training from its weights with "
+                f"model.init_args.backbone.checkpoint={self.path}",
+                lightning=True,
+            )
+        self.task_class: str = hparams[CLASS_PATH_KEY]
         self.task: dict[str, Any] = {k: v for k, v in hparams.items() if not k.startswith("_")}
         data = ckpt.get("datamodule_hyper_parameters") or {}
-        self.data_class: str | None = data.get("_class_path")
+        self.data_class: str | None = data.get(CLASS_PATH_KEY)
         self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}
 
     def describe_classes(self) -> str:
@@ -225,9 +273,9 @@ class Checkpoint:
 
 
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
-    """The task a vitdense training checkpoint (`python -m vitdense fit`) holds, its weights
-    loaded, in evaluation mode. (A task trained from Python, without the CLI, records no
-    class: use `TheTask.load_from_checkpoint(path)`.)"""
+    """The task a vitdense training checkpoint holds (`python -m vitdense fit`, or a task
+    trained from Python with `Trainer.fit`: `record_class_paths`), its weights loaded, in
+    evaluation mode."""
     found = Checkpoint(path)
     return found.task_type().load_from_checkpoint(found.path, map_location=map_location, weights_only=True).eval()
 

@@ -204,7 +204,7 @@ class VitDenseCLI(LightningCLI):
                 "data from the checkpoint"
             )
         data = config.data
-        if data is not None and ckpt.data_class is not None and data.class_path == ckpt.data_class:
+        if data is not None and ckpt.data_class is not None and _same_class(data.class_path, ckpt.data_class):
             for key in DATA_DECIDED:
                 if key in ckpt.data and data.init_args.get(key) is None:
                     data.init_args[key] = ckpt.data[key]
@@ -245,6 +245,12 @@ def _import(class_path: str | None) -> type | None:
         return locate(class_path)
     except (ImportError, AttributeError, ValueError):
         return None
+
+
+def _same_class(a: str, b: str) -> bool:
+    """Two class paths name one class ("vitdense.data.X" and "vitdense.data.x.X": a checkpoint
+    saved from Python records the defining module's)."""
+    return a == b or (_import(a) is not None and _import(a) is _import(b))
 
 
 def _init_defaults(class_path: str | None) -> dict[str, Any]:

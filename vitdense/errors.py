@@ -31,3 +31,18 @@ class NonFiniteError(ValueError):
 class CheckpointError(ValueError):
     """A weight or checkpoint file that cannot be used: missing, unreadable, not a checkpoint,
     or weights that do not fit the architecture (the message lists the keys that do not fit)."""
+
+
+class NoTaskError(CheckpointError):
+    """Weights without the task they belong to: a plain weight file, or a Lightning checkpoint
+    that does not name its task's class (saved from Python by an older vitdense, or by a task
+    class defined in a script). The message says how to use them.
+
+    Attributes:
+        lightning: the file is a Lightning checkpoint (state_dict and hyper_parameters), so
+            `TheTask.load_from_checkpoint(path)` loads it.
+    """
+
+    def __init__(self, message: str, lightning: bool) -> None:
+        super().__init__(message)
+        self.lightning = lightning

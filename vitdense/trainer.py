@@ -47,6 +47,8 @@ def _noting_checkpoint(method: Callable) -> Callable:
             # that goes on; evaluating or predicting from a checkpoint without the training
             # run's callbacks is the normal case, not something to warn about.
             warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
+            # a checkpoint saved by another run's ModelCheckpoint (e.g. Lightning's default, from Python)
+            warnings.filterwarnings("ignore", message="The dirpath has changed from")
             return method(self, *args, **kwargs)
 
     return run

@@ -6,6 +6,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 from vitdense.backbone import CheckpointError, VisionTransformer, create_backbone
+from vitdense.backbone.config import BackboneConfig
 
 # one name per size, patch size and family the issue names; built on the meta device (shapes only)
 PLAIN_FAMILY = [
@@ -111,6 +112,9 @@ def test_bad_files_and_names_fail_early(tmp_path):
         create_backbone("vit_base_patch16_clip_224")
     with pytest.raises(ValueError, match="either pretrained=True or checkpoint"):
         create_backbone("vit_tiny_patch16_224", pretrained=True, checkpoint="w.pth")
+    # a task would load the file, then fetch the hub's weights over it in setup (and fail offline)
+    with pytest.raises(ValueError, match="pretrained=true and checkpoint=w.pth both given; .* set pretrained: false"):
+        BackboneConfig(pretrained=True, checkpoint="w.pth")
 
 
 def test_pretrained_offline_says_what_to_do(monkeypatch):

@@ -123,6 +123,28 @@ def test_backbone_commands_take_a_task_checkpoint_too(trained, tmp_path):
     assert run("pos-embed", "--checkpoint", str(ckpt), out=tmp_path)
 
 
+def test_a_checkpoint_saved_from_python(fitted_from_python, photos, tmp_path):
+    """A task fitted with `lightning.Trainer(...).fit(task, datamodule)`, no CLI: its checkpoint
+    loads as its task, with its data's normalisation."""
+    task, ckpt = fitted_from_python
+    written = run("rollout", "--checkpoint", str(ckpt), out=tmp_path, images=photos)
+    assert sum(p.suffix == ".png" for p in written) == 3
+    model = load_model(str(ckpt))
+    assert type(model.task) is type(task) and model.img_size == 32
+    assert model.mean == (0.485, 0.456, 0.406)  # what its DataModule used (no encoder named), not the encoder's 0.5
+
+
+def test_an_older_python_checkpoint(older_python_checkpoint, capsys, tmp_path):
+    """Saved from Python before checkpoints named their classes: the error says how to load it,
+    and its encoder alone is shown with --model."""
+    with pytest.raises(SystemExit):
+        main(["pos-embed", "--checkpoint", str(older_python_checkpoint), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "TheTask.load_from_checkpoint(" in err and "add --model" in err
+    tiny = ["--model", "vit_tiny_patch16_224", "--model-args", '{"depth": 1}', "--img-size", "32"]
+    assert run("pos-embed", "--checkpoint", str(older_python_checkpoint), *tiny, out=tmp_path)
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -9,6 +9,7 @@ import torch
 
 from vitdense.backbone.pretrained import create_backbone
 from vitdense.backbone.vit import VisionTransformer
+from vitdense.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class BackboneConfig:
     lr_scale: float = 1.0
     layer_decay: float = 1.0
     model_args: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.pretrained and self.checkpoint is not None:
+            # a task would load the file, then replace it with the hub's weights in setup
+            raise ConfigError(
+                f"model.init_args.backbone: pretrained=true and checkpoint={self.checkpoint} both given; to start "
+                "from the file, set pretrained: false (--model.init_args.backbone.pretrained=false)"
+            )
 
     def build(self, load_pretrained: bool = True) -> VisionTransformer:
         """The encoder; with `load_pretrained=False` a `pretrained` one is left at its random

@@ -17,7 +17,7 @@ told the stage ("train",
     prediction_writer(output_dir)                -> what `predict` writes by default
 
 The shared step and the epoch-end metrics and losses live here once; optimisation in `vitdense.optim`,
-hub weights in `vitdense.tasks.pretrained`, head recording and resume RNG state in
+hub weights in `vitdense.tasks.pretrained`, head and class recording and resume RNG state in
 `vitdense.checkpoint`, the callbacks every task adds in `vitdense.callbacks.task_callbacks`.
 """
 
@@ -39,7 +39,7 @@ from torchmetrics import MetricCollection
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
 from vitdense.callbacks import task_callbacks
-from vitdense.checkpoint import HeadFactory, head_factory, record_head, under_model
+from vitdense.checkpoint import HeadFactory, head_factory, record_class_paths, record_head, under_model
 from vitdense.errors import ConfigError
 from vitdense.metrics import LossMeans
 from vitdense.models import ImageClassifier
@@ -161,6 +161,10 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> Any:
         """The model's output for images [B, 3, H, W] padded as `image_sizes` says."""
         return self.model(images, image_sizes)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # a fit from Python names the task's and the data's classes as the CLI does: the checkpoint loads alone
+        record_class_paths(checkpoint, self, self._trainer.datamodule if self._trainer is not None else None)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["state_dict"] = under_model(checkpoint.get("state_dict", {}), self.state_dict())  # older keys

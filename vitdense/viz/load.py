@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.checkpoint import Checkpoint
-from vitdense.errors import CheckpointError, ConfigError
+from vitdense.errors import ConfigError, NoTaskError
 
 #: weight files that are never Lightning checkpoints
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".bin")
@@ -42,8 +42,8 @@ def load_model(
 ) -> Model:
     """The model behind `checkpoint` and/or `model`, in evaluation mode on the CPU.
 
-    - a `.ckpt` written by `python -m vitdense fit`: its task (backbone and head) and the
-      normalisation its data used;
+    - a `.ckpt` of a vitdense task (`python -m vitdense fit`, or `Trainer.fit` from Python):
+      its task (backbone and head) and the normalisation its data used;
     - a weight file (timm `.safetensors`/`.pth`/`.bin`, or a JAX `.npz`) with `model`, the
       timm name of its architecture;
     - `model` alone: that architecture, randomly initialised (`model_args` overrides it).
@@ -57,9 +57,10 @@ def load_model(
     if checkpoint is not None and Path(checkpoint).suffix.lower() not in WEIGHT_SUFFIXES:
         try:
             found = Checkpoint(checkpoint)
-        except CheckpointError as err:
-            if "weights without the task" not in str(err):
-                raise
+        except NoTaskError as err:
+            if err.lightning and model is None:
+                hint = "or look at its encoder alone: add --model <timm name of its architecture>"
+                raise ConfigError(f"{err}; {hint}") from err
         else:
             return _from_task(found, img_size)
     if model is None:
