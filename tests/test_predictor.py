@@ -168,3 +168,17 @@ def test_readme_examples(trained, tmp_path, monkeypatch):
         module = as_module(f"readme_predict_{task}", code, monkeypatch)
         assert isinstance(module.result, (ClassificationResult, SegmentationResult, DetectionResult))
     assert Image.open(tmp_path / "overlay.jpg").size == Image.open(photos / "street.jpg").size
+
+
+def test_a_checkpoint_fitted_from_python_predicts(fitted_from_python):
+    """A task fitted with `Trainer.fit` from a script: its predictor preprocesses as its
+    DataModule did and gives its model's numbers."""
+    task, ckpt = fitted_from_python
+    predictor = vitdense.load(ckpt)
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    sample = predictor.datamodule.predict_sample()(pixels, 0)
+    with torch.no_grad():
+        probs = task.model(sample.image[None]).softmax(-1)[0]
+    result = predictor(pixels)
+    np.testing.assert_allclose(result.probs, probs.topk(len(result.probs)).values.tolist(), atol=1e-6)
+    assert result.names[0] == task.class_names[int(probs.argmax())]
