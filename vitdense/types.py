@@ -12,7 +12,6 @@ stride, and nothing re-derives sizes from a mask.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -21,8 +20,18 @@ import torch
 Size = tuple[int, int]
 
 
+def _int(value: int | torch.SymInt) -> int:
+    # sizes traced symbolically (torch.export with dynamic height/width) stay symbolic
+    return value if isinstance(value, torch.SymInt) else int(value)
+
+
 def _pair(value: int | Sequence[int]) -> Size:
-    return (int(value), int(value)) if isinstance(value, int) else (int(value[0]), int(value[1]))
+    return (_int(value), _int(value)) if isinstance(value, (int, torch.SymInt)) else (_int(value[0]), _int(value[1]))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints, also symbolic ones (no float in between)."""
+    return -(-a // b)
 
 
 class ImageSizes(NamedTuple):
@@ -65,12 +74,12 @@ class ImageSizes(NamedTuple):
     def grids(self) -> tuple[Size, ...]:
         """Each image's extent in positions at this stride: (ceil(H_i / s_h), ceil(W_i / s_w))."""
         sh, sw = self.stride
-        return tuple((math.ceil(h / sh), math.ceil(w / sw)) for h, w in self.sizes)
+        return tuple((_ceil_div(h, sh), _ceil_div(w, sw)) for h, w in self.sizes)
 
     @property
     def grid(self) -> Size:
         """The padded batch's extent in positions at this stride."""
-        return math.ceil(self.padded[0] / self.stride[0]), math.ceil(self.padded[1] / self.stride[1])
+        return _ceil_div(self.padded[0], self.stride[0]), _ceil_div(self.padded[1], self.stride[1])
 
     @property
     def has_padding(self) -> bool:

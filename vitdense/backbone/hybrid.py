@@ -9,7 +9,6 @@ the CNN with timm's `ResNetV2` so that timm's hybrid weights load under their ow
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import partial
 
@@ -79,8 +78,8 @@ class HybridEmbed(nn.Module):
         return self.stride * self.patch_size[0], self.stride * self.patch_size[1]
 
     def grid_for(self, height: int, width: int) -> GridSize:
-        fh, fw = math.ceil(height / self.stride), math.ceil(width / self.stride)
-        return math.ceil(fh / self.patch_size[0]), math.ceil(fw / self.patch_size[1])
+        fh, fw = -(-height // self.stride), -(-width // self.stride)  # ceil, in integers (also traced ones)
+        return -(-fh // self.patch_size[0]), -(-fw // self.patch_size[1])
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         if hasattr(self.backbone, "set_grad_checkpointing"):  # the stem-only CNN has none

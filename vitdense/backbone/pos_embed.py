@@ -10,6 +10,7 @@ inference the same few grid sizes recur for every batch.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 
@@ -44,6 +45,8 @@ class PosEmbed(nn.Module):
         includes the parameter's version counter, so an optimizer step or a
         `load_state_dict` invalidates it.
         """
+        if torch.compiler.is_exporting():  # sizes are symbolic: resample in the graph, for any grid
+            return self.resample_traced(pos_embed, grid)
         grid = (int(grid[0]), int(grid[1]))
         if grid == self.native_grid:
             return pos_embed
@@ -62,6 +65,20 @@ class PosEmbed(nn.Module):
                 self._cache.clear()
             out = self._cache[key] = out.detach()
         return out
+
+    def resample_traced(self, pos_embed: torch.Tensor, grid: GridSize) -> torch.Tensor:
+        """`resample` as operations on any (symbolic) grid, for `torch.export`: timm's
+        interpolation (bicubic, antialiased, prefix entries kept), without its shortcut for
+        an unchanged grid, which would fix the exported size."""
+        if all(isinstance(g, int) for g in grid) and tuple(grid) == self.native_grid:
+            return pos_embed  # a fixed export at the native size: the table as stored
+        p = self.num_prefix_tokens
+        prefix, table = pos_embed[:, :p], pos_embed[:, p:]
+        h0, w0 = self.native_grid
+        table = table.reshape(1, h0, w0, -1).permute(0, 3, 1, 2).float()
+        table = F.interpolate(table, size=(grid[0], grid[1]), mode="bicubic", antialias=True, align_corners=False)
+        table = table.permute(0, 2, 3, 1).flatten(1, 2).to(pos_embed.dtype)
+        return torch.cat([prefix, table], 1) if p else table
 
     def __getstate__(self) -> dict:
         # copies (EMA, deepcopy, pickling for spawn) start with an empty cache

@@ -10,7 +10,6 @@ batch-mates.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
@@ -98,14 +97,14 @@ class PatchEmbed(nn.Module):
 
     def grid_for(self, height: int, width: int) -> GridSize:
         """Token grid of an image of this size."""
-        return math.ceil(height / self.patch_size[0]), math.ceil(width / self.patch_size[1])
+        return -(-height // self.patch_size[0]), -(-width // self.patch_size[1])  # ceil, also for symbolic sizes
 
     def forward(self, x: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """[B, C, H, W] -> [B, h, w, D]. Needs no `image_sizes`: the batch's zero padding is
         what an image alone is padded with to a multiple of P."""
         ph, pw = self.patch_size
         pad_h, pad_w = -x.shape[-2] % ph, -x.shape[-1] % pw
-        if pad_h or pad_w:
+        if torch.compiler.is_exporting() or pad_h or pad_w:  # (exported: pads any size, not only the example's)
             x = F.pad(x, (0, pad_w, 0, pad_h))
         return self.proj(x).permute(0, 2, 3, 1)
 

@@ -1,0 +1,333 @@
+"""`python -m vitdense export --ckpt_path run.ckpt --format onnx|pt2`: a checkpoint's model as
+one graph, with its normalisation inside, for runtimes without vitdense (onnxruntime,
+TensorRT, `torch.export.load`).
+
+Every exported graph takes `images`: float32 [1, 3, H, W], RGB pixel values 0..255 (a
+decoded 8-bit image as floats), and normalises them as the checkpoint's data did. It returns
+
+    classification    probs [1, K] (softmax)
+    linear probe      probs [1, K] of the head that validated best
+    segmentation      logits [1, K, H, W] of the whole input (the model's forward; the
+                      sliding windows of `Segmenter.segment` are the caller's loop)
+    detection         boxes [1, N, 4] (x1, y1, x2, y2) pixels of the input, scores [1, N],
+                      labels [1, N], best first, post-processed as the checkpoint's
+                      `selection` says (DETR's one per query, or the top_k pairs)
+
+Height and width are dynamic, in multiples of the patch size, where `torch.export` can trace
+the model for any size (a plain ViT: the position embeddings are resampled in the graph); otherwise (the hybrid's ResNet
+stem) the graph is fixed to the export size, and the command says so. The batch is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.export import Dim, ExportedProgram
+
+from vitdense.errors import ConfigError
+from vitdense.models import DETRDetector, ImageClassifier, LinearProbe, Segmenter
+
+Format = Literal["onnx", "pt2"]
+#: largest side the dynamic graphs are declared for
+MAX_SIDE = 4096
+
+
+class Normalized(nn.Module):
+    """A model behind its data's normalisation: images 0..255 -> (x / 255 - mean) / std.
+
+    Args:
+        model: a model of `vitdense.models`.
+        mean, std: per channel, in [0, 1] units (timm's), as the checkpoint's data records them.
+    """
+
+    def __init__(self, model: nn.Module, mean: list[float], std: list[float]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255)
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        return (images - self.mean) / self.std
+
+
+class ExportClassifier(Normalized):
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images [1, 3, H, W] 0..255 -> probs [1, K]."""
+        return self.model(self.normalize(images)).softmax(-1)
+
+
+class ExportProbe(Normalized):
+    def __init__(self, model: LinearProbe, mean: list[float], std: list[float]) -> None:
+        super().__init__(model, mean, std)
+        # the head that validated best when exported, a constant of the graph (a buffer's value
+        # would be data to torch.export)
+        self.best = int(model.best_head)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images [1, 3, H, W] 0..255 -> the best head's probs [1, K]."""
+        return self.model(self.normalize(images))[self.best].softmax(-1)
+
+
+class ExportSegmenter(Normalized):
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images [1, 3, H, W] 0..255 -> pixel logits [1, K, H, W]."""
+        return self.model(self.normalize(images))
+
+
+class ExportDetector(Normalized):
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """images [1, 3, H, W] 0..255 -> boxes [1, N, 4] (x1, y1, x2, y2) pixels, scores
+        [1, N], labels [1, N]: `vitdense.models.postprocess` as tensor operations."""
+        output = self.model(self.normalize(images))
+        probs = output.logits.float().softmax(-1)[..., :-1]  # [1, Q, K]
+        _, q, k = probs.shape
+        if self.model.selection == "per_query":
+            best, classes = probs.max(-1)
+            scores, queries = best.topk(q, dim=1)  # every query, best first
+            labels = classes.gather(1, queries)
+        else:
+            scores, flat = probs.flatten(1).topk(min(self.model.top_k, q * k), dim=1)
+            queries, labels = flat // k, flat % k
+        boxes = output.boxes.float().gather(1, queries[..., None].expand(-1, -1, 4))  # cx, cy, w, h in [0, 1]
+        centre, extent = boxes[..., :2], boxes[..., 2:] / 2
+        height, width = images.shape[-2], images.shape[-1]
+        xyxy = torch.cat([centre - extent, centre + extent], -1)
+        scale = torch.ones(4, device=images.device)
+        scale = torch.cat([scale[:1] * width, scale[1:2] * height, scale[2:3] * width, scale[3:] * height])
+        return xyxy * scale, scores, labels
+
+
+#: output names of each wrapper, in order
+OUTPUTS = {
+    ExportClassifier: ["probs"],
+    ExportProbe: ["probs"],
+    ExportSegmenter: ["logits"],
+    ExportDetector: ["boxes", "scores", "labels"],
+}
+
+
+def exportable(model: nn.Module, mean: list[float], std: list[float]) -> Normalized:
+    """The export wrapper of a plain model (`vitdense.models`), in evaluation mode."""
+    for kind, wrapper in (
+        (ImageClassifier, ExportClassifier),
+        (LinearProbe, ExportProbe),
+        (Segmenter, ExportSegmenter),
+        (DETRDetector, ExportDetector),
+    ):
+        if isinstance(model, kind):
+            return wrapper(model, mean, std).eval()
+    raise ConfigError(
+        f"{type(model).__name__} cannot be exported: vitdense exports ImageClassifier, LinearProbe, Segmenter and "
+        "DETRDetector (vitdense.models)"
+    )
+
+
+@dataclass
+class Traced:
+    """An exported program, and why its size is fixed (None: dynamic height and width)."""
+
+    program: ExportedProgram
+    fixed_because: str | None
+    #: the size asked for: a fixed graph's size
+    size: tuple[int, int] = (224, 224)
+
+
+def trace(wrapper: Normalized, height: int, width: int, dynamic: bool = True) -> Traced:
+    """`torch.export` of `wrapper` on a [1, 3, height, width] example: dynamic height and width
+    when asked and possible, else fixed to the example's size (with the reason)."""
+    patch = wrapper.model.backbone.patch_size
+    if dynamic and (height % patch[0] or width % patch[1]):
+        raise ConfigError(
+            f"--height {height} --width {width}: a dynamic export's example is in whole patches of {patch}"
+        )
+    # the example of a dynamic export: at least 3 patches a side (torch.export specialises a side at
+    # its declared minimum), and not square (it would take the two sides for one size)
+    example_height = max(height, 3 * patch[0]) if dynamic else height
+    example_width = max(width, 3 * patch[1]) if dynamic else width
+    if dynamic and example_height == example_width:
+        example_width += patch[1]
+    example = (torch.rand(1, 3, example_height, example_width) * 255,)
+    reason = "--no-dynamic"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\..*")
+        if dynamic:
+            # sides in whole patches (the padding arithmetic of other sizes is more than torch.export
+            # can keep symbolic), at least 2 per side (a grid of one token is a special case it guards on)
+            rows = Dim("rows", min=2, max=MAX_SIDE // patch[0])
+            cols = Dim("cols", min=2, max=MAX_SIDE // patch[1])
+            shapes = {"images": {2: patch[0] * rows, 3: patch[1] * cols}}
+            try:
+                return Traced(torch.export.export(wrapper, example, dynamic_shapes=shapes), None, (height, width))
+            except Exception as err:  # torch reports guards it cannot keep symbolic in many exception types
+                reason = (
+                    f"torch.export cannot keep the sizes symbolic through this model ({first_line(err)}"
+                    "; the hybrid ResNet stem's pooling arithmetic is one such case)"
+                )
+        return fixed_trace(wrapper, (height, width), reason)
+
+
+def fixed_trace(wrapper: Normalized, size: tuple[int, int], reason: str) -> Traced:
+    with torch.no_grad():
+        return Traced(torch.export.export(wrapper, (torch.rand(1, 3, *size) * 255,)), reason, size)
+
+
+def save(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: list[str]) -> Traced:
+    """Write the program as `.pt2` (`torch.export.save`) or ONNX; returns what was written
+    (its size fixed, with the reason, where ONNX needed the fallback).
+
+    ONNX goes through torch's dynamo exporter from the exported program. Where that
+    converter fails (the hybrid DETR demo: it could not decompose `nn.MultiheadAttention`
+    there), the TorchScript exporter traces the wrapper at the example's size. A `.pt2` that
+    cannot be stored dynamic (the hybrid's timm "same" padding keeps `math.ceil` of the sizes)
+    is stored at the example's size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    size = (1, 3, *traced.size)
+    if fmt == "pt2":
+        try:
+            torch.export.save(traced.program, path)
+            return traced
+        except Exception as err:  # e.g. timm's "same" padding leaves math.ceil of sizes, which .pt2 cannot store
+            reason = f"torch.export.save: {first_line(err)}"
+        fixed = fixed_trace(wrapper, traced.size, traced.fixed_because or reason)
+        torch.export.save(fixed.program, path)
+        return fixed
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        try:
+            onnx_program = torch.onnx.export(
+                traced.program, dynamo=True, input_names=["images"], output_names=outputs, verbose=False
+            )
+            onnx_program.save(str(path))
+            return traced
+        except Exception as err:  # torch.onnx's ConversionError and what it wraps
+            reason = f"torch.onnx's dynamo converter: {first_line(err.__cause__ or err)}"
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper, (torch.rand(size) * 255,), str(path), dynamo=False, input_names=["images"],
+                output_names=outputs, opset_version=17,
+            )  # fmt: skip
+    return Traced(traced.program, traced.fixed_because or reason, traced.size)
+
+
+def run_exported(path: Path, fmt: Format, images: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of an exported file on `images` (onnxruntime for ONNX)."""
+    if fmt == "pt2":
+        with torch.no_grad():
+            out = torch.export.load(path).module()(images)
+        return list(out) if isinstance(out, tuple) else [out]
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(x) for x in session.run(None, {"images": images.numpy()})]
+
+
+def check_dynamic(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: list[str]) -> Traced:
+    """A dynamic graph, run at a size other than its example's against the eager wrapper;
+    where it fails or differs (beyond 1e-3), the graph is exported again at the example's
+    size. (A converter may keep a size of the example somewhere in the graph.)"""
+    (example,) = [n.meta["val"] for n in traced.program.graph.nodes if n.op == "placeholder" and n.name == "images"]
+    _, _, h, w = (int(d) for d in example.shape)
+    patch = wrapper.model.backbone.patch_size
+    other = torch.rand(1, 3, h + 2 * patch[0], w + patch[1]) * 255
+    try:
+        with torch.no_grad():
+            expected = wrapper(other)
+        expected = list(expected) if isinstance(expected, tuple) else [expected]
+        got = run_exported(path, fmt, other)
+        worst = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, expected, strict=True))
+        if worst <= 1e-3:
+            return traced
+        reason = f"the dynamic graph differs from the model by {worst:.2g} at another size"
+    except Exception as err:  # the runtime refusing a size it was exported for
+        reason = f"the dynamic graph fails at another size ({first_line(err)})"
+    return save(fixed_trace(wrapper, traced.size, reason), wrapper, path, fmt, outputs)
+
+
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]
+
+
+def describe(traced: Traced, outputs: list[str]) -> list[str]:
+    """Input and output shapes of the program, dynamic sizes named."""
+
+    def shape(node) -> str:
+        value = node.meta.get("val")
+        return "[" + ", ".join(str(d) for d in value.shape) + "]" if value is not None else "?"
+
+    graph = traced.program.graph_module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder" and n.name == "images"]
+    (out,) = [n for n in graph.nodes if n.op == "output"]
+    results = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    lines = [f"  input  images {shape(placeholders[0])} float32, RGB 0..255 (normalised in the graph)"]
+    lines += [f"  output {name} {shape(node)}" for name, node in zip(outputs, results, strict=True)]
+    if traced.fixed_because is None:  # the symbols of the input's sides, by name
+        _, _, h, w = placeholders[0].meta["val"].shape
+        lines = [re.sub(rf"\b{h}\b", "height", re.sub(rf"\b{w}\b", "width", line)) for line in lines]
+    return lines
+
+
+def export_checkpoint(
+    ckpt_path: str | Path,
+    fmt: Format = "onnx",
+    output: str | Path | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    dynamic: bool = True,
+) -> tuple[Path, Traced, list[str]]:
+    """Export a vitdense training checkpoint; (file written, the traced program, output names)."""
+    from vitdense.checkpoint import Checkpoint, load_task
+
+    if fmt not in ("onnx", "pt2"):
+        raise ConfigError(f"--format {fmt}: expected onnx or pt2")
+    found = Checkpoint(ckpt_path)
+    model = load_task(found.path).model
+    mean, std = found.data.get("mean"), found.data.get("std")
+    if mean is None or std is None:
+        raise ConfigError(f"ckpt_path {found.path}: its data records no mean/std, so the graph cannot normalise")
+    wrapper = exportable(model, list(mean), list(std))
+    size = found.data.get("img_size") or 224
+    traced = trace(wrapper, height or size, width or size, dynamic)
+    path = Path(output) if output else found.path.with_suffix(f".{fmt}")
+    outputs = OUTPUTS[type(wrapper)]
+    traced = save(traced, wrapper, path, fmt, outputs)
+    if traced.fixed_because is None:
+        traced = check_dynamic(traced, wrapper, path, fmt, outputs)
+    return path, traced, outputs
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m vitdense export",
+        description="Export a checkpoint's model (normalisation included) to ONNX or torch.export's .pt2.",
+    )
+    p.add_argument("--ckpt_path", required=True, help="a checkpoint written by `python -m vitdense fit`")
+    p.add_argument("--format", default="onnx", help="onnx (default) or pt2")
+    p.add_argument("--output", help="file to write (default: the checkpoint's path with .onnx / .pt2)")
+    p.add_argument("--height", type=int, help="example input height (default: the data's img_size)")
+    p.add_argument("--width", type=int, help="example input width (default: the data's img_size)")
+    p.add_argument("--no-dynamic", dest="dynamic", action="store_false", help="fix height and width to the example's")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    path, traced, outputs = export_checkpoint(
+        args.ckpt_path, args.format, args.output, args.height, args.width, args.dynamic
+    )
+    size_mb = path.stat().st_size / 1e6
+    print(f"wrote {path} ({args.format}, {size_mb:.1f} MB)")
+    print("\n".join(describe(traced, outputs)))
+    if traced.fixed_because is None:
+        print("  height and width are dynamic (multiples of the patch size); the batch is 1")
+    else:
+        print(f"  height and width are FIXED to the export size (dynamic sizes failed: {traced.fixed_because})")
