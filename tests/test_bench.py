@@ -11,3 +11,11 @@ def test_backbone_bench_prints_ratio(capsys):
     assert all(float(v) > 0 for row in lines.values() for v in row)
     # same weights, same computation: the activations saved for backward are the same size in fp32
     assert lines["vitdense"][2] == lines["timm"][2]
+
+
+def test_export_bench_prints_both_runtimes(capsys):
+    main("export --model vit_tiny_patch16_224 --img-size 32 --iters 1 --warmup 0 --tasks classification".split())
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in out.splitlines()[2:]}
+    assert set(rows) == {"classification"}
+    assert all(v > 0 for row in rows.values() for v in row)

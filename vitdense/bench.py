@@ -1,6 +1,7 @@
 """Benchmarks that print figures and the ratio against the peer they measure.
 
     python -m vitdense.bench backbone --model vit_small_patch16_224 --img-size 224 --batch-size 8
+    python -m vitdense.bench export --model vit_small_patch16_224 --img-size 224
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -9,6 +10,9 @@ a training step (forward + backward), the memory of the training step, and
 vitdense / timm for each. Memory is the peak allocated on CUDA; on CPU, where torch keeps
 no allocator statistics, it is the size of the activations autograd saves for backward
 (the part of training memory that depends on the implementation).
+
+`export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
+in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import timm
@@ -138,6 +143,65 @@ def print_backbone(args: argparse.Namespace, results: dict[str, dict[str, float]
     print(f"{'ratio':10}" + "".join(f"{r:16.3f}" for r in ratios))
 
 
+def cpu_kind() -> str:
+    """The CPU model and the capability torch uses (e.g. "AMD EPYC, AVX512")."""
+    name = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    return f"{name}, {torch.backends.cpu.get_cpu_capability()}"
+
+
+def bench_export(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    """Median ms per image, batch 1, of the eager export wrapper (fp32, inference mode) and of
+    onnxruntime on the ONNX file `python -m vitdense export` writes, alternating, per task."""
+    import onnxruntime
+
+    from vitdense.export import exportable, save, trace
+    from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
+
+    backbone = BackboneConfig(name=args.model, img_size=args.img_size)
+    tasks = {
+        "classification": ClassificationTask(num_classes=1000, backbone=backbone),
+        "segmentation": SegmentationTask(num_classes=150, backbone=backbone),
+        "detection": DetectionTask(num_classes=80, backbone=backbone),
+    }
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for name, task in tasks.items():
+            if name not in args.tasks:
+                continue
+            wrapper = exportable(task.model.eval(), [0.5] * 3, [0.5] * 3)
+            outputs = ["boxes", "scores", "labels"] if name == "detection" else ["out"]
+            path = Path(folder) / f"{name}.onnx"
+            save(trace(wrapper, args.img_size, args.img_size, dynamic=False), wrapper, path, "onnx", outputs)
+            session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            images = torch.rand(1, 3, args.img_size, args.img_size) * 255
+            feed = {"images": images.numpy()}
+            times: dict[str, list[float]] = {"eager": [], "onnxruntime": []}
+            with torch.inference_mode():
+                for i in range(args.warmup + args.iters):
+                    runs = {"eager": partial(wrapper, images), "onnxruntime": partial(session.run, None, feed)}
+                    for kind, fn in runs.items():
+                        elapsed = _time(fn, torch.device("cpu"))
+                        if i >= args.warmup:
+                            times[kind].append(elapsed * 1000)
+            results[name] = (statistics.median(times["eager"]), statistics.median(times["onnxruntime"]))
+    return results
+
+
+def print_export(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
+    print(
+        f"{args.model} at {args.img_size} x {args.img_size}, batch 1, fp32 on {cpu_kind()} ({torch.get_num_threads()} "
+        f"threads, torch {torch.__version__}), median ms of {args.iters} alternating rounds"
+    )
+    print(f"{'':16}{'eager ms':>12}{'onnxruntime ms':>16}{'eager / ort':>14}")
+    for name, (eager, ort) in results.items():
+        print(f"{name:16}{eager:12.1f}{ort:16.1f}{eager / ort:14.2f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vitdense.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,9 +214,17 @@ def main(argv: list[str] | None = None) -> None:
     bb.add_argument("--iters", type=int, default=10, help="timed rounds per model")
     bb.add_argument("--warmup", type=int, default=2)
     bb.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ex = sub.add_parser("export", help="eager vs onnxruntime latency of each task's exported graph, batch 1")
+    ex.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    ex.add_argument("--img-size", type=int, default=224)
+    ex.add_argument("--tasks", nargs="+", default=["classification", "segmentation", "detection"])
+    ex.add_argument("--iters", type=int, default=10, help="timed rounds per runtime")
+    ex.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
+    elif args.command == "export":
+        print_export(args, bench_export(args))
 
 
 if __name__ == "__main__":
