@@ -174,9 +174,10 @@ def test_groups_do_not_see_each_other():
     torch.testing.assert_close(grouped.boxes[:, :12], alone.boxes, atol=1e-5, rtol=1e-5)
 
 
-def test_box_bias_under_padding_and_autocast(coco_val):
+@pytest.mark.parametrize("mode", ["normalised", "pixels"])
+def test_box_bias_under_padding_and_autocast(coco_val, mode):
     _, dataset = coco_val
-    model = task(head=partial(SMALL_HEAD, box_bias=True)).eval()
+    model = task(head=partial(SMALL_HEAD, box_bias=True, box_bias_mode=mode)).eval()
     batch = pad_collate([dataset[i] for i in range(4)])
     with torch.no_grad():
         together = model.predict_step(batch, 0)
@@ -195,7 +196,8 @@ def test_box_path_in_fp32_under_bf16_autocast(box_bias):
     torch.manual_seed(0)
     model = task(head=partial(SMALL_HEAD, box_bias=box_bias, dropout=0.0)).eval()
     head = model.head
-    torch.nn.init.normal_(head.bbox_embed.layers[-1].weight, std=0.1)  # offsets that are not 0
+    for i in range(len(head.decoder)):  # offsets that are not 0 (one box head per layer with box_bias)
+        torch.nn.init.normal_(head.box_head(i).layers[-1].weight, std=0.1)
     hidden, ffn = [], []
     head.decoder_norm.register_forward_hook(lambda module, args, out: hidden.append(out))
     head.decoder[0].linear2.register_forward_hook(lambda module, args, out: ffn.append(out))
@@ -209,8 +211,8 @@ def test_box_path_in_fp32_under_bf16_autocast(box_bias):
         logits = head.class_embed(hs)
         if box_bias:  # iterative refinement from the learned first reference, written out
             reference, boxes = head.ref_point(head.query_embed.weight).sigmoid().expand(2, -1, -1), []
-            for layer_hidden in hs:
-                reference = torch.sigmoid(torch.log(reference / (1 - reference)) + head.bbox_embed(layer_hidden))
+            for i, layer_hidden in enumerate(hs):
+                reference = torch.sigmoid(torch.log(reference / (1 - reference)) + head.bbox_embed[i](layer_hidden))
                 boxes.append(reference)
         else:
             boxes = head.bbox_embed(hs).sigmoid()
@@ -228,12 +230,39 @@ def test_a_near_full_size_box_still_refines_under_bf16():
     with torch.no_grad():  # every query starts at side 0.999; each of the 2 layers shrinks it by -0.5 in logit
         head.ref_point.weight.zero_()
         head.ref_point.bias.copy_(torch.tensor([0.0, 0.0, start, start]))
-        head.bbox_embed.layers[-1].bias.copy_(torch.tensor([0.0, 0.0, -0.5, -0.5]))  # weight: 0 at init
+        for box_head in head.bbox_embed:  # weight: 0 at init
+            box_head.layers[-1].bias.copy_(torch.tensor([0.0, 0.0, -0.5, -0.5]))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(torch.randn(2, 3, 32, 40))
     first, last = torch.sigmoid(torch.tensor(start - 0.5)), torch.sigmoid(torch.tensor(start - 1.0))  # 0.9983, 0.9973
     torch.testing.assert_close(out.aux[0][1][..., 2:], first.expand(2, 12, 2), rtol=0, atol=1e-6)
     torch.testing.assert_close(out.boxes[..., 2:], last.expand(2, 12, 2), rtol=0, atol=1e-6)
+
+
+def test_a_checkpoint_with_one_box_head_for_all_layers_loads(tmp_path):
+    """A checkpoint written before per-layer box heads (one `bbox_embed` for every layer; its
+    head's init_args without `share_box_head`) rebuilds with one box head per layer holding
+    copies of the old one: the same outputs."""
+    import lightning as L
+
+    torch.manual_seed(0)
+    old = task(head=partial(SMALL_HEAD, box_bias=True, dropout=0.0, share_box_head=True)).eval()
+    torch.nn.init.normal_(old.head.bbox_embed.layers[-1].weight, std=0.1)  # offsets that are not 0
+    hparams = dict(old.hparams)
+    hparams["head"] = {**hparams["head"], "init_args": dict(hparams["head"]["init_args"])}
+    del hparams["head"]["init_args"]["share_box_head"]  # what the old code recorded
+    path = tmp_path / "old.ckpt"
+    state = {"state_dict": old.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": L.__version__}
+    torch.save(state, path)
+    assert any(".bbox_embed.layers." in k for k in state["state_dict"])
+    new = DetectionTask.load_from_checkpoint(path).eval()
+    assert not new.head.share_box_head and len(new.head.bbox_embed) == 2
+    images = torch.randn(2, 3, 32, 40)
+    with torch.no_grad():
+        ours, theirs = new(images), old(images)
+    torch.testing.assert_close(ours.boxes, theirs.boxes, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.logits, theirs.logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(ours.aux[0][1], theirs.aux[0][1], rtol=0, atol=1e-6)
 
 
 def test_non_finite_box_names_the_dataset_sample(coco_val):

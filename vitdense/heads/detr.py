@@ -9,7 +9,7 @@
 As in DETR: post-norm layers with a final decoder norm; object query embeddings are added
 to the queries and keys of self-attention and to the queries of cross-attention, memory
 positions to the keys of cross-attention only; the decoder input starts at zero; the class
-and box heads are shared by all layers. Padding tokens are masked out of cross-attention
+head is shared by all layers, and so is the box head unless boxes are refined (below). Padding tokens are masked out of cross-attention
 (and of the encoder), and the positions are normalised over each image's own valid area, so
 an image's detections do not depend on the batch it is padded into.
 
@@ -20,18 +20,25 @@ Two options for faster convergence, both off by default (the default is DETR):
   only the first group runs, so the deployed model is plain DETR.
 - A locality prior for a single-scale plain-ViT memory, `box_bias=True`: Plain-DETR's
   box-to-pixel relative position bias (Lin et al., ICCV 2023), added to the cross-attention
-  logits of every layer from that layer's reference boxes. The reference boxes come from
-  iterative box refinement: a learned initial box per query, which each layer refines
-  (its box head predicts an offset in inverse-sigmoid space; the next layer's reference is
-  the refined box, detached as in Deformable DETR).
+  logits of every layer from that layer's reference boxes (`box_bias_mode`: vitdense's
+  variant in offsets normalised to the image, or Plain-DETR's own in pixels; see
+  `BoxRelativePositionBias`). The reference boxes come from iterative box refinement: a
+  learned initial box per query, which each layer refines (a box head predicts an offset in
+  inverse-sigmoid space; the next layer's reference is the refined box, detached as in
+  Deformable DETR). With refinement each decoder layer has its own box head, as Deformable
+  DETR's `with_box_refine`, Plain-DETR and LW-DETR have (`share_box_head=True`: one for all,
+  the layout before this option; its checkpoints load into the per-layer one).
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from timm.layers import trunc_normal_
 from torch import nn
 
 from vitdense.backbone import ViTFeatures
@@ -84,25 +91,53 @@ def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     return torch.log(x / (1 - x))
 
 
-class BoxRelativePositionBias(nn.Module):
-    """Plain-DETR's decomposed box-to-pixel relative position bias.
+#: how `BoxRelativePositionBias` measures a box's offsets from the tokens
+BoxBiasMode = Literal["normalised", "pixels"]
 
-    For a query's reference box (x1, y1, x2, y2) and a memory token centred at (x, y), both
-    in [0, 1] of the image's valid area, the offsets (x1 - x, x2 - x) and (y1 - y, y2 - y)
-    go through a log-scaled transform and one small MLP per axis to one bias per head; the
-    token's bias is the sum of its column's and its row's. Padding tokens get no special
-    value here: the key padding mask removes them.
+
+class BoxRelativePositionBias(nn.Module):
+    """Plain-DETR's decomposed box-to-pixel relative position bias (BoxRPB), in two variants.
+
+    For a query's reference box (x1, y1, x2, y2) and a memory token centred at (x, y), the
+    offsets (x1 - x, x2 - x) and (y1 - y, y2 - y) go through one small MLP per axis to one
+    bias per head; the token's bias is the sum of its column's and its row's. Padding tokens
+    get no special value here: the key padding mask removes them.
+
+    `mode="pixels"` is Plain-DETR's as released (`GlobalCrossAttention` with `rpe_type=
+    "linear"`, its default and its configs'): the box and the token centres in pixels of the
+    image at the feature stride s — box times the image's extent in tokens times s (what
+    Plain-DETR's valid ratios times the padded map's size times `feature_stride` give), token
+    j's centre at (j + 0.5) s —, the offsets fed to the MLPs as they are; MLP weights drawn
+    by timm's `trunc_normal_(std=0.02)` and biases zero, as Plain-DETR's decoder initialises
+    them, and no bias in the MLPs' last layer (a constant per head that the softmax ignores).
+    Plain-DETR uses `hidden_dim=512` (`decoder_rpe_hidden_dim`).
+
+    `mode="normalised"` is vitdense's variant (the default, what checkpoints before the
+    option were trained with): box and token centres in units of the image's valid area
+    ([0, 1], whatever its size in pixels), offsets log-scaled as sign(d) log2(8 |d| + 1) / 3
+    (Plain-DETR's `abs_log8` transform applied to 8 d) to keep the MLP's input near [-1, 1];
+    PyTorch's default initialisation and a bias in the MLPs' last layer.
 
     Args:
         num_heads: attention heads (one bias each).
         hidden_dim: width of the per-axis MLPs.
+        mode: "pixels" (Plain-DETR's) or "normalised" (vitdense's variant).
     """
 
-    def __init__(self, num_heads: int, hidden_dim: int = 256) -> None:
+    def __init__(self, num_heads: int, hidden_dim: int = 256, mode: BoxBiasMode = "normalised") -> None:
         super().__init__()
+        if mode not in ("normalised", "pixels"):
+            raise ValueError(f"box bias mode={mode!r}: expected 'normalised' (vitdense's) or 'pixels' (Plain-DETR's)")
         self.num_heads = num_heads
-        self.mlp_x = MLP(2, hidden_dim, num_heads, 2)
-        self.mlp_y = MLP(2, hidden_dim, num_heads, 2)
+        self.mode = mode
+        pixels = mode == "pixels"
+        self.mlp_x = MLP(2, hidden_dim, num_heads, 2, last_bias=not pixels)
+        self.mlp_y = MLP(2, hidden_dim, num_heads, 2, last_bias=not pixels)
+        if pixels:
+            for layer in (*self.mlp_x.layers, *self.mlp_y.layers):
+                trunc_normal_(layer.weight, std=0.02)
+                if layer.bias is not None:
+                    nn.init.zeros_(layer.bias)
 
     @staticmethod
     def log_scale(delta: torch.Tensor) -> torch.Tensor:
@@ -115,25 +150,39 @@ class BoxRelativePositionBias(nn.Module):
         b, q, _ = boxes.shape
         h, w = image_sizes.grid
         x1y1x2y2 = torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], -1)
-        # token centres in units of each image's own extent (padding lies beyond 1)
         rows, cols = torch.tensor(image_sizes.grids, device=boxes.device, dtype=boxes.dtype).unbind(1)  # [B]
-        ys = (torch.arange(h, device=boxes.device, dtype=boxes.dtype) + 0.5)[None] / rows[:, None]  # [B, h]
-        xs = (torch.arange(w, device=boxes.device, dtype=boxes.dtype) + 0.5)[None] / cols[:, None]  # [B, w]
-        dx = x1y1x2y2[..., None, 0::2] - xs[:, None, :, None]  # [B, Q, w, 2]
-        dy = x1y1x2y2[..., None, 1::2] - ys[:, None, :, None]  # [B, Q, h, 2]
-        bias_x = self.mlp_x(self.log_scale(dx))  # [B, Q, w, heads]
-        bias_y = self.mlp_y(self.log_scale(dy))  # [B, Q, h, heads]
+        ys = torch.arange(h, device=boxes.device, dtype=boxes.dtype) + 0.5  # token centres in tokens
+        xs = torch.arange(w, device=boxes.device, dtype=boxes.dtype) + 0.5
+        if self.mode == "pixels":
+            sh, sw = image_sizes.stride
+            box_x = x1y1x2y2[..., 0::2] * (cols * sw)[:, None, None]  # [B, Q, 2] (x1, x2) in pixels
+            box_y = x1y1x2y2[..., 1::2] * (rows * sh)[:, None, None]
+            dx = box_x[:, :, None, :] - (xs * sw)[None, None, :, None]  # [B, Q, w, 2]
+            dy = box_y[:, :, None, :] - (ys * sh)[None, None, :, None]  # [B, Q, h, 2]
+        else:
+            # token centres in units of each image's own extent (padding lies beyond 1)
+            dx = x1y1x2y2[..., None, 0::2] - (xs[None] / cols[:, None])[:, None, :, None]  # [B, Q, w, 2]
+            dy = x1y1x2y2[..., None, 1::2] - (ys[None] / rows[:, None])[:, None, :, None]  # [B, Q, h, 2]
+            dx, dy = self.log_scale(dx), self.log_scale(dy)
+        bias_x = self.mlp_x(dx)  # [B, Q, w, heads]
+        bias_y = self.mlp_y(dy)  # [B, Q, h, heads]
         bias = bias_y[:, :, :, None, :] + bias_x[:, :, None, :, :]  # [B, Q, h, w, heads]
         return bias.flatten(2, 3).permute(0, 3, 1, 2).reshape(b * self.num_heads, q, h * w)
 
 
 class MLP(nn.Module):
-    """`num_layers` linear layers with ReLU between them (DETR's box head: 3 layers)."""
+    """`num_layers` linear layers with ReLU between them (DETR's box head: 3 layers); the last
+    one without a bias if `last_bias` is False."""
 
-    def __init__(self, in_features: int, hidden_features: int, out_features: int, num_layers: int) -> None:
+    def __init__(
+        self, in_features: int, hidden_features: int, out_features: int, num_layers: int, last_bias: bool = True
+    ) -> None:
         super().__init__()
         dims = [in_features] + [hidden_features] * (num_layers - 1) + [out_features]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=True))
+        self.layers = nn.ModuleList(
+            nn.Linear(a, b, bias=last_bias or i < num_layers - 1)
+            for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
@@ -230,7 +279,13 @@ class DETRHead(nn.Module):
         num_groups: Group DETR query groups in training (1: plain DETR).
         box_bias: Plain-DETR's box-to-pixel relative position bias in cross-attention, with
             iterative box refinement (its reference boxes).
-        box_bias_hidden: width of the bias MLPs.
+        box_bias_hidden: width of the bias MLPs (Plain-DETR: 512).
+        box_bias_mode: how the bias measures offsets (`BoxRelativePositionBias`): "normalised"
+            (vitdense's variant: units of the image, log-scaled) or "pixels" (Plain-DETR's).
+        share_box_head: one box MLP for all decoder layers (True) or one per layer (False).
+            None: shared without refinement (DETR), one per layer with it (Deformable DETR's
+            `with_box_refine`, Plain-DETR, LW-DETR). A shared head's weights (checkpoints from
+            before this option) load into per-layer heads as copies: the same function.
     """
 
     def __init__(
@@ -248,6 +303,8 @@ class DETRHead(nn.Module):
         num_groups: int = 1,
         box_bias: bool = False,
         box_bias_hidden: int = 256,
+        box_bias_mode: BoxBiasMode = "normalised",
+        share_box_head: bool | None = None,
     ) -> None:
         super().__init__()
         if hidden_dim % 2:
@@ -268,14 +325,21 @@ class DETRHead(nn.Module):
         self.decoder_norm = nn.LayerNorm(hidden_dim)
         self.query_embed = nn.Embedding(num_queries * num_groups, hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
-        self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+        self.bbox_embed: MLP | nn.ModuleList = MLP(hidden_dim, hidden_dim, 4, 3)
         self.box_bias = box_bias
         if box_bias:
             self.ref_point = nn.Linear(hidden_dim, 4)  # initial reference box of each query
-            self.rpb = nn.ModuleList(BoxRelativePositionBias(num_heads, box_bias_hidden) for _ in range(dec_layers))
+            self.rpb = nn.ModuleList(
+                BoxRelativePositionBias(num_heads, box_bias_hidden, box_bias_mode) for _ in range(dec_layers)
+            )
             # refinement starts from the reference: zero offsets at initialisation
             nn.init.zeros_(self.bbox_embed.layers[-1].weight)
             nn.init.zeros_(self.bbox_embed.layers[-1].bias)
+        self.share_box_head = not box_bias if share_box_head is None else share_box_head
+        if not self.share_box_head:
+            # copies of the one initialised head, as Deformable DETR clones it: no random draws
+            # (the rest initialises as with a shared head) and, at initialisation, the same function
+            self.bbox_embed = nn.ModuleList(copy.deepcopy(self.bbox_embed) for _ in range(dec_layers))
         # DETR: Xavier-uniform for the transformer's matrices, PyTorch defaults elsewhere
         for layers in (self.encoder, self.decoder):
             for p in layers.parameters():
@@ -315,13 +379,18 @@ class DETRHead(nn.Module):
             out = self.decoder_norm(tgt)
             outputs.append(out)
             if reference is not None:
-                box = self.refine(reference, out)
+                box = self.refine(reference, out, i)
                 boxes.append(box)
                 reference = box.detach()
         hs = torch.stack(outputs)  # [L, B, G*Q, d]
         with torch.autocast(hs.device.type, enabled=False):  # see `refine`: the heads in fp32
             logits = self.class_embed(hs.float())
-            boxes = torch.stack(boxes) if boxes else self.bbox_embed(hs.float()).sigmoid()
+            if boxes:
+                boxes = torch.stack(boxes)
+            elif self.share_box_head:
+                boxes = self.bbox_embed(hs.float()).sigmoid()
+            else:
+                boxes = torch.stack([self.box_head(i)(h) for i, h in enumerate(hs.float())]).sigmoid()
         aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
         return DetectionOutput(logits[-1], boxes[-1], aux, groups)
 
@@ -330,9 +399,14 @@ class DETRHead(nn.Module):
         with torch.autocast(query_pos.device.type, enabled=False):
             return self.ref_point(query_pos.float()).sigmoid()
 
-    def refine(self, reference: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """The reference boxes [B, Q, 4] moved by the box head's offsets from hidden [B, Q, d],
-        in inverse-sigmoid space -> refined boxes [B, Q, 4], in fp32.
+    def box_head(self, layer: int) -> MLP:
+        """The box MLP of decoder layer `layer` (the shared one if `share_box_head`)."""
+        return self.bbox_embed if self.share_box_head else self.bbox_embed[layer]
+
+    def refine(self, reference: torch.Tensor, hidden: torch.Tensor, layer: int) -> torch.Tensor:
+        """The reference boxes [B, Q, 4] moved by decoder layer `layer`'s box head's offsets
+        from its hidden states [B, Q, d], in inverse-sigmoid space -> refined boxes [B, Q, 4],
+        in fp32.
 
         The whole box path runs in fp32 under any autocast: bf16 steps are 2^-8 in [0.5, 1),
         up to a pixel and more at COCO's sizes (small objects' IoU with their own bf16-rounded
@@ -340,4 +414,32 @@ class DETRHead(nn.Module):
         inf: such a box would never move again.
         """
         with torch.autocast(hidden.device.type, enabled=False):
-            return (inverse_sigmoid(reference) + self.bbox_embed(hidden.float())).sigmoid()
+            return (inverse_sigmoid(reference) + self.box_head(layer)(hidden.float())).sigmoid()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # One box head for all layers (`bbox_embed.layers.*`: DETR's, and box refinement's
+        # before per-layer heads) loads into per-layer heads as one copy per layer, the same
+        # function; the other way round would drop heads, so it stays an error that says why.
+        shared = f"{prefix}bbox_embed.layers."
+        if not self.share_box_head:
+            for key in [k for k in state_dict if k.startswith(shared)]:
+                value = state_dict.pop(key)
+                for i in range(len(self.bbox_embed)):
+                    state_dict[f"{prefix}bbox_embed.{i}.layers.{key.removeprefix(shared)}"] = value
+        elif any(k.startswith(f"{prefix}bbox_embed.0.layers.") for k in state_dict):
+            error_msgs.append(
+                f"{prefix}bbox_embed: the weights hold one box head per decoder layer, this head shares one; "
+                "build it with share_box_head=False (or None, with box_bias=True)"
+            )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
