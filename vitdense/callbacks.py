@@ -1,4 +1,5 @@
-"""Callbacks every task uses: writers of what tasks predict, and the count of skipped samples.
+"""Callbacks every task uses: writers of what tasks predict, the count of skipped samples,
+and an EMA of the weights with a warmup.
 
 They sit below the tasks (which hand them out) and import no task."""
 
@@ -8,12 +9,14 @@ import csv
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
-from lightning.pytorch.callbacks import BasePredictionWriter
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter, EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from PIL import Image
@@ -22,6 +25,56 @@ from vitdense.checkpoint import ResumeRNG
 from vitdense.draw import blend, draw_boxes, palette_of
 
 _logger = logging.getLogger(__name__)
+
+
+def ema_warmup_update(
+    averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor, decay: float, tau: float
+) -> torch.Tensor:
+    """One EMA step whose decay ramps up: the k-th update uses `decay * (1 - exp(-k / tau))`
+    (the schedule of YOLOv5's and RF-DETR's `ModelEma`), so that the average soon leaves the
+    early weights instead of carrying them for ~1 / (1 - decay) steps. `tau=0`: the constant
+    `decay` (Lightning's `EMAWeightAveraging`). The first update is a copy (torch's
+    `AveragedModel`), where `ModelEma` keeps 1% of the initial weights; every later one is
+    the same. `num_averaged`: updates so far (k - 1)."""
+    d = decay * (1 - torch.exp(-(num_averaged.to(averaged.dtype) + 1) / tau)) if tau > 0 else decay
+    return averaged + (current - averaged) * (1 - d)
+
+
+class WarmupEMAWeightAveraging(EMAWeightAveraging):
+    """Lightning's `EMAWeightAveraging` with RF-DETR's decay warmup (`ema_warmup_update`):
+    RF-DETR fine-tunes with `decay=0.993, warmup_tau=100`. Validation, test and the saved
+    checkpoint's `state_dict` use the averaged weights; the current ones are kept in the
+    checkpoint too, so a resumed run goes on with both (Lightning's behaviour).
+
+    Args:
+        decay: the EMA's decay once warmed up.
+        warmup_tau: steps over which the decay ramps up (0: none).
+        update_every_n_steps, update_starting_at_step, update_starting_at_epoch, device,
+            use_buffers: as `EMAWeightAveraging`'s.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.993,
+        warmup_tau: float = 100.0,
+        update_every_n_steps: int = 1,
+        update_starting_at_step: int | None = None,
+        update_starting_at_epoch: int | None = None,
+        device: str | None = None,
+        use_buffers: bool = True,
+    ) -> None:
+        if not 0 <= decay < 1 or warmup_tau < 0:
+            raise ValueError(f"decay={decay}, warmup_tau={warmup_tau}: expected 0 <= decay < 1 and warmup_tau >= 0")
+        super().__init__(
+            device=device,
+            use_buffers=use_buffers,
+            decay=decay,
+            update_every_n_steps=update_every_n_steps,
+            update_starting_at_step=update_starting_at_step,
+            update_starting_at_epoch=update_starting_at_epoch,
+        )
+        # WeightAveraging hands its kwargs to torch's AveragedModel when training starts
+        self._kwargs["avg_fn"] = partial(ema_warmup_update, decay=decay, tau=warmup_tau)
 
 
 class SkippedSamples(L.Callback):
