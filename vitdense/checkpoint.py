@@ -58,13 +58,21 @@ class HeadSpec:
 
     `HeadSpec("vitdense.heads.ClassificationHead", {"pool": "avg"})(192, 10)` builds
     `ClassificationHead(192, 10, pool="avg")`.
+
+    Arguments that are themselves module factories (a detection head's `neck`) are recorded
+    the same way, nested: `{"neck": {"class_path": ..., "init_args": {...}}}`.
     """
 
     class_path: str
     init_args: dict[str, Any]
 
-    def __call__(self, embed_dim: int, num_classes: int) -> nn.Module:
-        return locate(self.class_path)(embed_dim, num_classes, **self.init_args)
+    def __call__(self, *args: Any) -> nn.Module:
+        # nested factories are plain data here (YAML, weights_only): rebuild them as specs
+        kwargs = {
+            k: HeadSpec(v["class_path"], dict(v.get("init_args") or {})) if is_spec_data(v) else v
+            for k, v in self.init_args.items()
+        }
+        return locate(self.class_path)(*args, **kwargs)
 
     @classmethod
     def of(cls, factory: HeadFactory) -> HeadSpec | None:
@@ -80,7 +88,24 @@ class HeadSpec:
         classes = [c for c in (func, *args) if inspect.isclass(c) and issubclass(c, nn.Module)]
         if len(classes) != 1 or (args and args[-1] is not classes[0]):
             return None
-        return cls(f"{classes[0].__module__}.{classes[0].__qualname__}", dict(kwargs))
+        init_args = {}
+        for name, value in kwargs.items():
+            nested = cls.of(value) if callable(value) else None
+            init_args[name] = nested.as_data() if nested is not None else value
+        return cls(f"{classes[0].__module__}.{classes[0].__qualname__}", init_args)
+
+    def as_data(self) -> dict[str, Any]:
+        """`{class_path, init_args}`, as YAML writes a class."""
+        return {"class_path": self.class_path, "init_args": dict(self.init_args)}
+
+
+def is_spec_data(value: Any) -> bool:
+    """Whether `value` is a recorded factory (`HeadSpec.as_data`)."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("class_path"), str)
+        and set(value) <= {"class_path", "init_args"}
+    )
 
 
 # checkpoints written before this module existed name it vitdense.tasks.base.HeadSpec
@@ -105,7 +130,7 @@ def record_head(hparams: dict[str, Any], head: HeadFactory) -> None:
         rank_zero_warn(f"head {head!r} is not a class or a partial of one; pass head= to load_from_checkpoint")
         hparams.pop("head", None)
     else:
-        hparams["head"] = {"class_path": spec.class_path, "init_args": spec.init_args}
+        hparams["head"] = spec.as_data()
 
 
 def rng_states() -> dict[str, Any]:

@@ -141,6 +141,29 @@ def test_crop_branch_drawn_half_the_time():
     assert 165 <= shapes.count((16, 16)) <= 235  # 200 expected (sd 10); 1/3 of the time gives 133 (sd 9)
 
 
+def test_square_resize_is_rf_detrs(tmp_path):
+    """`square=True`: RF-DETR's SquareResize, an S x S image from any shape (S drawn from the
+    scales, in both branches) whose boxes scale with each side on its own; evaluation at
+    `short_side` x `short_side`."""
+    path = write_coco(tmp_path)
+    index = load_coco(path, tmp_path / "val2017")
+    i = next(k for k, img in enumerate(index.images) if len(img.boxes))
+    entry = index.images[i]
+    transform = detection_train_transforms(
+        MEAN, STD, scales=[32, 64], max_size=None, crop_scales=[48], crop_size=(40, 48), hflip=0.0, square=True
+    )
+    transform.set_random_seed(0)
+    image = np.zeros((20, 30, 3), dtype=np.uint8)
+    shapes = {tuple(transform(image=image, bboxes=np.zeros((0, 4)), labels=[])["image"].shape[1:]) for _ in range(40)}
+    assert shapes == {(32, 32), (64, 64)}  # both sides, both branches
+    sample = CocoDetection(index, detection_eval_transforms(MEAN, STD, 56, None, square=True))[i]
+    assert tuple(sample.image.shape[1:]) == (56, 56)
+    x1, y1, x2, y2 = entry.boxes.T / np.array([entry.width, entry.height, entry.width, entry.height])[:, None]
+    expected = np.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], 1)  # normalised: unchanged by any resize
+    got = sample.targets.boxes.numpy()
+    np.testing.assert_allclose(got[np.lexsort(got.T[::-1])], expected[np.lexsort(expected.T[::-1])], atol=1e-5)
+
+
 def test_detr_resize_rule():
     assert short_side_size(480, 640, 800, 1333) == (800, 1066)
     assert short_side_size(400, 1200, 800, 1333) == (444, 1332)  # the long side bounds the short one (DETR rounds down)

@@ -238,8 +238,8 @@ class COCODataModule(DetectionDataModule):
         categories: {category id: name}; None: the validation JSON's (a checkpoint records
             them, so that predicting on a folder of images needs no annotations). When
             given, every split's JSON must list the same.
-        img_size, scales, max_size, crop_scales, crop_size, eval_short_side: see
-            `DetectionDataModule`.
+        img_size, scales, max_size, crop_scales, crop_size, eval_short_side, square_resize:
+            see `DetectionDataModule`.
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
@@ -260,6 +260,7 @@ class COCODataModule(DetectionDataModule):
         crop_scales: list[int] = [400, 500, 600],  # noqa: B006
         crop_size: tuple[int, int] = (384, 600),
         eval_short_side: int = 800,
+        square_resize: bool = False,
         loader: LoaderConfig = COCO_LOADER,
         backbone: str | None = None,
         mean: Triple | None = None,
@@ -273,6 +274,7 @@ class COCODataModule(DetectionDataModule):
             crop_scales=crop_scales,
             crop_size=crop_size,
             eval_short_side=eval_short_side,
+            square_resize=square_resize,
             loader=loader,
             backbone=backbone,
             mean=mean,

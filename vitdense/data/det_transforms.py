@@ -80,6 +80,36 @@ class RandomShortSideResize(A.DualTransform):
         return bboxes  # albumentations keeps boxes normalised: a resize leaves them as they are
 
 
+class RandomSquareResize(A.DualTransform):
+    """RF-DETR's `SquareResize(sizes)`: the image becomes S x S, S drawn uniformly from
+    `sizes`; the aspect ratio is not kept (RF-DETR trains and evaluates its COCO models so,
+    at sides that are multiples of its patch size times its windows). Boxes scale with the
+    image."""
+
+    def __init__(self, sizes: Sequence[int], interpolation: int = cv2.INTER_LINEAR, p: float = 1.0) -> None:
+        super().__init__(p=p)
+        if not sizes or min(sizes) < 1:
+            raise DataError(f"sizes={list(sizes)}: expected one or more positive sizes")
+        self.sizes = tuple(int(s) for s in sizes)
+        self.interpolation = interpolation
+
+    def get_params_dependent_on_data(self, params: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+        side = self.sizes[int(self.random_generator.integers(len(self.sizes)))]
+        return {"target_shape": (side, side)}
+
+    def apply(self, img: np.ndarray, target_shape: tuple[int, int], **params: Any) -> np.ndarray:
+        return fgeometric.resize(img, target_shape, self.interpolation)
+
+    def apply_to_bboxes(self, bboxes: np.ndarray, **params: Any) -> np.ndarray:
+        return bboxes  # normalised boxes: a resize leaves them as they are
+
+
+def resize_to(sizes: Sequence[int], max_size: int | None, square: bool) -> A.DualTransform:
+    """DETR's shortest-side resize to one of `sizes` (longest <= `max_size`), or with
+    `square` RF-DETR's square resize to one of them (`max_size` unused)."""
+    return RandomSquareResize(sizes) if square else RandomShortSideResize(sizes, max_size)
+
+
 class RandomSizeCrop(BaseCrop):
     """DETR's `RandomSizeCrop(min_size, max_size)`: a crop of random width in
     [min_size, min(W, max_size)] and height in [min_size, min(H, max_size)] at a random
@@ -119,6 +149,7 @@ def detection_train_transforms(
     crop_scales: Sequence[int] = (400, 500, 600),
     crop_size: tuple[int, int] = (384, 600),
     hflip: float = 0.5,
+    square: bool = False,
 ) -> A.Compose:
     """DETR's training augmentation.
 
@@ -131,18 +162,20 @@ def detection_train_transforms(
         crop_scales, crop_size: the other branch's resize before the random-size crop
             (min, max side) that precedes the final resize.
         hflip: probability of a horizontal flip.
+        square: the final resizes are RF-DETR's square ones (`RandomSquareResize`: `scales`
+            are sides of S x S images) instead of DETR's shortest-side ones.
     """
     return SharedRandomCompose(
         [
             A.HorizontalFlip(p=hflip),
             A.OneOf(
                 [
-                    RandomShortSideResize(scales, max_size),
+                    resize_to(scales, max_size, square),
                     A.Sequential(
                         [
                             RandomShortSideResize(crop_scales),
                             RandomSizeCrop(*crop_size),
-                            RandomShortSideResize(scales, max_size),
+                            resize_to(scales, max_size, square),
                         ],
                         # OneOf draws a branch with probability proportional to its p, and
                         # A.Sequential's default p is 0.5: it must be 1 for DETR's 1/2 : 1/2
@@ -159,13 +192,13 @@ def detection_train_transforms(
 
 
 def detection_eval_transforms(
-    mean: Triple, std: Triple, short_side: int = 800, max_size: int | None = 1333
+    mean: Triple, std: Triple, short_side: int = 800, max_size: int | None = 1333, square: bool = False
 ) -> A.Compose:
     """DETR's evaluation preprocessing: shortest side `short_side` (longest <= `max_size`),
-    normalised; boxes, if given, follow."""
+    or with `square` RF-DETR's `short_side` x `short_side`; normalised; boxes, if given, follow."""
     return SharedRandomCompose(
         [
-            RandomShortSideResize([short_side], max_size),
+            resize_to([short_side], max_size, square),
             A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
             ToTensorV2(),
         ],

@@ -107,6 +107,8 @@ class DetectionDataModule(ImageDataModule):
             to every image's own grid); not the size images are resized to.
         scales, max_size, crop_scales, crop_size: DETR's training resize and crop settings.
         eval_short_side: shortest side in evaluation (DETR: 800).
+        square_resize: resize to squares instead (RF-DETR's `SquareResize`): `scales` and
+            `eval_short_side` are then the sides of S x S images, `max_size` is unused.
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
@@ -122,6 +124,7 @@ class DetectionDataModule(ImageDataModule):
         crop_size: tuple[int, int],
         eval_short_side: int,
         loader: LoaderConfig,
+        square_resize: bool = False,
         backbone: str | None = None,
         mean: Triple | None = None,
         std: Triple | None = None,
@@ -140,6 +143,7 @@ class DetectionDataModule(ImageDataModule):
         self.scales, self.max_size = list(scales), max_size
         self.crop_scales, self.crop_size = list(crop_scales), tuple(crop_size)
         self.eval_short_side = eval_short_side
+        self.square_resize = square_resize
 
     def index(self, split: str) -> CocoIndex:
         """The checked COCO-format index of `split` ("train", "val" or "test")."""
@@ -148,12 +152,20 @@ class DetectionDataModule(ImageDataModule):
     def train_transforms(self) -> A.Compose:
         return self.seeded(
             detection_train_transforms(
-                self.mean, self.std, self.scales, self.max_size, self.crop_scales, self.crop_size
+                self.mean,
+                self.std,
+                self.scales,
+                self.max_size,
+                self.crop_scales,
+                self.crop_size,
+                square=self.square_resize,
             )
         )
 
     def eval_transforms(self) -> A.Compose:
-        return detection_eval_transforms(self.mean, self.std, self.eval_short_side, self.max_size)
+        return detection_eval_transforms(
+            self.mean, self.std, self.eval_short_side, self.max_size, square=self.square_resize
+        )
 
     def setup_splits(self, stage: str) -> None:
         if stage == "fit":
