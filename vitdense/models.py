@@ -234,7 +234,9 @@ class DETRDetector(nn.Module):
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> DetectionOutput:
         """images [B, 3, H, W] (padded, with their `ImageSizes`) -> logits [B, Q, K + 1] and
         boxes [B, Q, 4] (cx, cy, w, h) in [0, 1] of each unpadded image."""
-        return self.head(self.backbone(images, image_sizes))
+        # a multi-level head names the blocks its neck reads (`feature_indexes`)
+        blocks = getattr(self.head, "feature_indexes", ())
+        return self.head(self.backbone(images, image_sizes, intermediates=blocks, norm_intermediates=True))
 
     def postprocess(
         self, output: DetectionOutput, orig_sizes: Sequence[Size]

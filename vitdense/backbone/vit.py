@@ -51,8 +51,8 @@ class ViTFeatures(NamedTuple):
             `grid`); heads derive token masks and valid ratios from it.
         prefix_tokens: [B, P, D] all prefix tokens after the final norm, in order class,
             distillation, registers (P may be 0).
-        intermediates: [B, P + N, D] raw outputs (before the final norm) of the requested
-            blocks, in the order requested.
+        intermediates: [B, P + N, D] outputs of the requested blocks, in the order
+            requested: raw (before the final norm) unless asked for normalised.
         attentions: [B, num_heads, P + N, P + N] softmax attention of the requested blocks.
     """
 
@@ -392,6 +392,7 @@ class VisionTransformer(nn.Module):
         image_sizes: ImageSizes | None = None,
         intermediates: Sequence[int] = (),
         attentions: Sequence[int] = (),
+        norm_intermediates: bool = False,
     ) -> ViTFeatures:
         """Encode a batch.
 
@@ -402,6 +403,9 @@ class VisionTransformer(nn.Module):
                 image is padded.
             intermediates: block indices (negative from the end) whose raw outputs to return.
             attentions: block indices whose attention maps to return (computed unfused).
+            norm_intermediates: pass the intermediates through the final norm (timm's
+                `forward_intermediates(norm=True)`; what HF's and RF-DETR's DINOv2 backbones
+                hand to their necks).
         """
         b, _, height, width = x.shape
         if image_sizes is None:
@@ -447,6 +451,8 @@ class VisionTransformer(nn.Module):
             grid_size=grid,
             image_sizes=image_sizes,
             prefix_tokens=prefix,
-            intermediates=tuple(outs[i % self.depth] for i in intermediates),
+            intermediates=tuple(
+                self.norm(outs[i % self.depth]) if norm_intermediates else outs[i % self.depth] for i in intermediates
+            ),
             attentions=tuple(attns[i % self.depth] for i in attentions),
         )
