@@ -86,7 +86,7 @@ class ExportDetector(Normalized):
         """images [1, 3, H, W] 0..255 -> boxes [1, N, 4] (x1, y1, x2, y2) pixels, scores
         [1, N], labels [1, N]: `vitdense.models.postprocess` as tensor operations."""
         output = self.model(self.normalize(images))
-        probs = output.logits.float().softmax(-1)[..., :-1]  # [1, Q, K]
+        probs = output.class_probs()  # [1, Q, K]
         _, q, k = probs.shape
         if self.model.selection == "per_query":
             best, classes = probs.max(-1)

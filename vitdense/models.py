@@ -174,7 +174,9 @@ def postprocess(
     """Detections from a DETR output, boxes as absolute (x1, y1, x2, y2) at the original
     (H0, W0), best first.
 
-    Class probabilities are the softmax over the K + 1 logits with "no object" then left out.
+    Class probabilities are the softmax over the K + 1 logits with "no object" then left out,
+    or a sigmoid head's per-class sigmoids (`DetectionOutput.sigmoid`; those heads are read
+    with `"top_k"`, as Deformable DETR's `PostProcess`).
 
     - `"per_query"`: DETR's `PostProcess`: every query is one detection, labelled with its
       most probable real class and scored with that probability (Q per image).
@@ -188,7 +190,7 @@ def postprocess(
     Returns:
         per-image lists, in fp32: boxes [k, 4], scores [k], labels [k] (sorted by score).
     """
-    probs = output.logits.float().softmax(-1)[..., :-1]  # [B, Q, K]
+    probs = output.class_probs()  # [B, Q, K]
     b, q, k = probs.shape
     if selection == "per_query":
         scores, labels = probs.max(-1)  # [B, Q]

@@ -230,18 +230,30 @@ class DetectionOutput(NamedTuple):
     """A DETR head's predictions for a batch.
 
     Attributes:
-        logits: [B, Q, K + 1] class logits, the last class being "no object".
+        logits: [B, Q, K + 1] class logits, the last class being "no object" (softmax
+            heads, DETR's); or [B, Q, K] independent sigmoid logits if `sigmoid`.
         boxes: [B, Q, 4] (cx, cy, w, h) in [0, 1] of each unpadded image.
         aux: the same pair from every earlier decoder layer (first to last but one), for
             the auxiliary losses; empty when they are off.
         num_groups: query groups (Group DETR) in `logits`/`boxes`, Q = num_groups x queries
             per group; each group is matched one-to-one on its own. 1 at inference.
+        enc: a two-stage head's selected encoder proposals, (logits, boxes) shaped as the
+            decoder's, supervised like a decoder layer; None without.
+        sigmoid: the logits are per-class sigmoids without "no object" (Deformable DETR
+            and its successors) rather than a softmax over K + 1.
     """
 
     logits: torch.Tensor
     boxes: torch.Tensor
     aux: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
     num_groups: int = 1
+    enc: tuple[torch.Tensor, torch.Tensor] | None = None
+    sigmoid: bool = False
+
+    def class_probs(self) -> torch.Tensor:
+        """[B, Q, K] fp32 probability of each real class (softmax without "no object", or sigmoid)."""
+        logits = self.logits.float()
+        return logits.sigmoid() if self.sigmoid else logits.softmax(-1)[..., :-1]
 
 
 class Detections(NamedTuple):

@@ -1,6 +1,15 @@
-"""Detection losses: DETR's Hungarian matcher and set criterion (plain nn.Modules)."""
+"""Detection losses: DETR's Hungarian matcher and set criterion, and the class terms they
+share (plain nn.Modules)."""
 
+from vitdense.losses.class_losses import ClassLoss, IoUAwareBCELoss, SigmoidFocalLoss, SoftmaxCrossEntropy
 from vitdense.losses.matcher import HungarianMatcher
 from vitdense.losses.set_criterion import SetCriterion
 
-__all__ = ["HungarianMatcher", "SetCriterion"]
+__all__ = [
+    "ClassLoss",
+    "HungarianMatcher",
+    "IoUAwareBCELoss",
+    "SetCriterion",
+    "SigmoidFocalLoss",
+    "SoftmaxCrossEntropy",
+]

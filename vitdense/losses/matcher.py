@@ -4,7 +4,8 @@ The cost of giving target j to query i is
 
     cost_class * -p_i(c_j) + cost_bbox * ||b_i - b_j||_1 + cost_giou * -GIoU(b_i, b_j)
 
-(boxes as (cx, cy, w, h) in [0, 1]); each image is assigned on its own (scipy's
+(boxes as (cx, cy, w, h) in [0, 1]); the class cost is the set loss's own (`ClassLoss.
+matching_cost`: DETR's -p(c) by default, the focal cost for sigmoid losses); each image is assigned on its own (scipy's
 `linear_sum_assignment`), so an image's matching never depends on the rest of its batch.
 """
 
@@ -18,6 +19,7 @@ from torch import nn
 from torchvision.ops import box_convert, generalized_box_iou
 
 from vitdense.errors import NonFiniteError
+from vitdense.losses.class_losses import ClassLoss, SoftmaxCrossEntropy
 from vitdense.types import BoxTargets
 
 #: per image, (query indices [m], target indices [m]) int64, m = min(queries, targets)
@@ -42,7 +44,13 @@ class HungarianMatcher(nn.Module):
         self.cost_giou = cost_giou
 
     @torch.no_grad()
-    def cost_matrix(self, logits: torch.Tensor, boxes: torch.Tensor, targets: Sequence[BoxTargets]) -> torch.Tensor:
+    def cost_matrix(
+        self,
+        logits: torch.Tensor,
+        boxes: torch.Tensor,
+        targets: Sequence[BoxTargets],
+        class_loss: ClassLoss | None = None,
+    ) -> torch.Tensor:
         """Costs of every query against every target of the batch: [B, Q, sum_i n_i] in fp32.
 
         Computed for the whole batch at once (one set of matrix operations), then split per
@@ -51,12 +59,11 @@ class HungarianMatcher(nn.Module):
         """
         with torch.autocast(logits.device.type, enabled=False):
             b, q = logits.shape[:2]
-            prob = logits.flatten(0, 1).float().softmax(-1)  # [B*Q, K+1]
+            class_loss = class_loss or SoftmaxCrossEntropy()
             out_boxes = boxes.flatten(0, 1).float()  # [B*Q, 4]
             tgt_labels = torch.cat([t.labels for t in targets])
             tgt_boxes = torch.cat([t.boxes for t in targets]).float()
-            # the 1 in 1 - p(c) is a constant that changes no assignment
-            cost_class = -prob[:, tgt_labels]
+            cost_class = class_loss.matching_cost(logits.flatten(0, 1).float(), tgt_labels)
             cost_bbox = torch.cdist(out_boxes, tgt_boxes, p=1)
             cost_giou = -generalized_box_iou(
                 box_convert(out_boxes, "cxcywh", "xyxy"), box_convert(tgt_boxes, "cxcywh", "xyxy")
@@ -83,17 +90,24 @@ class HungarianMatcher(nn.Module):
 
     @torch.no_grad()
     def forward(
-        self, logits: torch.Tensor, boxes: torch.Tensor, targets: Sequence[BoxTargets], num_groups: int = 1
+        self,
+        logits: torch.Tensor,
+        boxes: torch.Tensor,
+        targets: Sequence[BoxTargets],
+        num_groups: int = 1,
+        class_loss: ClassLoss | None = None,
     ) -> Matches:
         """Match a batch.
 
         Args:
-            logits: [B, Q, K + 1] class logits ("no object" last).
+            logits: [B, Q, K + 1] class logits ("no object" last), or [B, Q, K] for a
+                sigmoid `class_loss`.
             boxes: [B, Q, 4] predicted (cx, cy, w, h) in [0, 1].
             targets: B `BoxTargets` (n_i boxes each, possibly 0).
             num_groups: Group DETR's query groups: the Q queries are `num_groups` consecutive
                 blocks, each matched one-to-one to all targets on its own, so every target
                 gets one query per group.
+            class_loss: whose `matching_cost` prices the classes (default DETR's softmax).
 
         Returns:
             Per image, (query indices, target indices), int64 on the CPU, ordered by query
@@ -111,7 +125,7 @@ class HungarianMatcher(nn.Module):
         empty = torch.empty(0, dtype=torch.int64)
         if sum(sizes) == 0:
             return [(empty, empty) for _ in range(b)]
-        cost = self.cost_matrix(logits, boxes, targets).cpu()
+        cost = self.cost_matrix(logits, boxes, targets, class_loss).cpu()
         per_group = q // num_groups
         matches: Matches = []
         for i, image_cost in enumerate(cost.split(sizes, -1)):
