@@ -3,6 +3,8 @@
 from vitdense.heads.classification import ClassificationHead, pool_tokens
 from vitdense.heads.detr import DETRHead
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
+from vitdense.heads.lwdetr import LWDETRHead
+from vitdense.heads.pyramid import MultiLevelProjector, SimpleFeaturePyramid
 from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 
 __all__ = [
@@ -10,7 +12,10 @@ __all__ = [
     "DETRHead",
     "LinearDecoder",
     "LinearProbeHead",
+    "LWDETRHead",
     "MaskTransformerDecoder",
+    "MultiLevelProjector",
+    "SimpleFeaturePyramid",
     "pool_tokens",
     "probe_features",
 ]

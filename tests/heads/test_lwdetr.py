@@ -1,0 +1,147 @@
+"""LWDETRHead against RF-DETR's own decoder, and its padding, group and refinement contracts.
+
+`rf_detr_reference.pt` holds the outputs of RF-DETR's code (rfdetr 1.4.1: `Transformer` of
+models/transformer.py and `LWDETR.forward` of models/lwdetr.py, with its PyTorch
+`MSDeformAttn`), run once on two fixed feature levels (8x6 and 4x3, width 16, batch 2,
+no padding) with two-stage selection, box reparameterisation, 10 queries, 2 query groups,
+2 decoder layers, in training (both groups) and evaluation (the first), both with its
+default `lite_refpoint_refine=True` and with iterative refinement; its parameters (moved off
+their initial values by a fixed random draw) are stored in vitdense's names
+(`from_rf_detr`).
+"""
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitdense.backbone import VisionTransformer
+from vitdense.heads import LWDETRHead, MultiLevelProjector
+from vitdense.heads.lwdetr import refine_boxes
+from vitdense.heads.pyramid import FeatureLevels
+from vitdense.types import ImageSizes
+
+REFERENCE = Path(__file__).with_name("rf_detr_reference.pt")
+HEAD = dict(
+    num_classes=3,
+    hidden_dim=16,
+    num_queries=10,
+    num_groups=2,
+    num_heads=2,
+    num_cross_heads=2,
+    num_points=2,
+    dim_feedforward=32,
+    dec_layers=2,
+)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return torch.load(REFERENCE)
+
+
+def head_like_rf_detr(ref, refine: bool) -> LWDETRHead:
+    neck = partial(MultiLevelProjector, feature_indexes=(0,), scale_factors=(2.0, 1.0), num_blocks=1)
+    head = LWDETRHead(16, neck=neck, refine_references=refine, **HEAD)
+    missing, unexpected = head.load_state_dict(ref["state_dict"], strict=False)
+    assert not unexpected and all(k.startswith("neck.") for k in missing)
+    return head
+
+
+@pytest.mark.parametrize("refine", [False, True], ids=["lite", "refine"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_decoder_equals_rf_detrs(ref, refine, train):
+    head = head_like_rf_detr(ref, refine).train(train)
+    maps = tuple(ref["maps"])
+    levels = FeatureLevels(maps, tuple(ImageSizes.full(2, (64, 48)).at_stride(s) for s in (8, 16)))
+    with torch.no_grad():
+        out = head.decode(levels)
+    expected = ref[f"{'refine' if refine else 'lite'}_{'train' if train else 'eval'}"]
+    assert out.num_groups == (2 if train else 1) and out.sigmoid
+    torch.testing.assert_close(out.logits, expected["logits"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.boxes, expected["boxes"], rtol=1e-4, atol=1e-5)
+    for (logits, boxes), (ref_logits, ref_boxes) in zip(out.aux, expected["aux"], strict=True):
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(boxes, ref_boxes, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.enc[0], expected["enc"][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.enc[1], expected["enc"][1], rtol=1e-4, atol=1e-5)
+
+
+SIZES = [(64, 48), (40, 56)]  # padded to (64, 56): the first on the right, the second at the bottom
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2).eval()
+    neck = partial(MultiLevelProjector, feature_indexes=(0, 1), scale_factors=(2.0, 1.0, 0.5), num_blocks=1)
+    head = LWDETRHead(24, neck=neck, **{**HEAD, "num_queries": 6})
+    with torch.no_grad():  # move the zero-initialised heads, so that boxes and references vary
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return vit, head
+
+
+def detect(model, images, sizes):
+    vit, head = model
+    return head(vit(images, sizes, intermediates=head.feature_indexes, norm_intermediates=True))
+
+
+def test_an_image_gives_the_same_detections_alone_and_padded(model):
+    torch.manual_seed(1)
+    sizes = ImageSizes.of(SIZES)
+    images = torch.zeros(2, 3, *sizes.padded)
+    for i, (h, w) in enumerate(SIZES):
+        images[i, :, :h, :w] = torch.randn(3, h, w)
+    model[1].eval()
+    with torch.no_grad():
+        together = detect(model, images, sizes)
+        for i, (h, w) in enumerate(SIZES):
+            alone = detect(model, images[i : i + 1, :, :h, :w], ImageSizes.of([(h, w)]))
+            torch.testing.assert_close(together.logits[i], alone.logits[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(together.boxes[i], alone.boxes[0], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(together.enc[1][i], alone.enc[1][0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_first_group_is_the_deployed_model(model):
+    """In training the other groups neither see the first nor change its selection: the
+    first group's outputs equal evaluation's (dropout 0)."""
+    _, head = model
+    images, sizes = torch.randn(2, 3, 40, 48), ImageSizes.full(2, (40, 48))
+    with torch.no_grad():
+        grouped = detect(model, images, sizes) if head.train() else None
+        alone = detect(model, images, sizes) if head.eval() else None
+    q = head.num_queries
+    assert grouped.logits.shape[1] == 2 * q and alone.logits.shape[1] == q
+    torch.testing.assert_close(grouped.logits[:, :q], alone.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grouped.boxes[:, :q], alone.boxes, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grouped.enc[1][:, :q], alone.enc[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("refine", [True, False])
+def test_each_layer_attends_around_the_previous_box_when_refining(model, refine):
+    """With `refine_references`, layer 2 attends around layer 1's reference moved by the box
+    head on layer 1's output (before the decoder norm, as RF-DETR's loop does; valid ratios
+    are 1 here); without (RF-DETR's default), around the first references, as layer 1 does."""
+    _, head = model
+    seen, outputs = [], []
+    hooks = [
+        layer.cross_attn.register_forward_hook(lambda m, args, out: seen.append(args[1])) for layer in head.decoder
+    ]
+    hooks.append(head.decoder[0].register_forward_hook(lambda m, args, out: outputs.append(out)))
+    head.eval().refine_references = refine
+    try:
+        with torch.no_grad():
+            detect(model, torch.randn(1, 3, 40, 48), None)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        head.refine_references = False
+    first, second = seen[0][:, :, 0], seen[1][:, :, 0]
+    with torch.no_grad():
+        moved = refine_boxes(first, head.bbox_embed(outputs[0]), reparam=True)
+    if refine:
+        torch.testing.assert_close(second, moved, rtol=1e-5, atol=1e-6)
+    else:
+        assert torch.equal(first, second) and not torch.allclose(second, moved)

@@ -1,0 +1,385 @@
+"""An LW-DETR / RF-DETR class detection head on the plain ViT (Chen et al. 2024, "LW-DETR";
+Robinson et al. 2025, "RF-DETR").
+
+    ViTFeatures (+ the neck's intermediates) --neck--> levels [B, d, h_l, w_l] (+ their ImageSizes)
+    levels --flatten--> memory [B, S, d], padding [B, S]           (no transformer encoder: the ViT is one)
+    two-stage: memory --Linear+LN, class / box heads--> a proposal per token;
+               the Q best tokens' boxes become the queries' reference boxes
+    queries (learned content [Q, d]) --decoder layers: self-attn, deformable cross-attn to
+               the levels around the reference box, FFN--> [L, B, Q, d]
+    every layer --class head--> [B, Q, K] sigmoid logits   --box head--> reference box moved by it
+
+As RF-DETR (its defaults; each an argument): post-norm decoder layers; the query position is
+an MLP of the sine embedding of the reference box (Conditional / DAB-DETR); the class and box
+heads are shared by all layers; Group DETR in training (the groups run as a batch of their own
+in self-attention, and each has its own two-stage heads), one group at inference;
+box reparameterisation (`bbox_reparam`: a box head predicts (dx, dy, dw, dh) with centre
+cx + dx * w and size w * exp(dw), in the image's units, instead of an offset in
+inverse-sigmoid space); the reference boxes stay those of the two-stage proposals in every
+layer (`refine_references=False`, RF-DETR's `lite_refpoint_refine`), or each layer starts
+from the previous layer's box (detached), whose prediction gets its gradient through the
+next layer too (DINO's look-forward-twice).
+
+Padding: every level's `ImageSizes` gives its token mask and valid ratios; padding tokens
+are never sampled as values (zeroed), never proposals, and reference boxes are scaled by
+each level's valid ratios as Deformable DETR does, so an image's detections do not depend
+on the batch it is padded into (tested). Two departures from RF-DETR make that hold, and
+change nothing on unpadded batches (where the outputs equal RF-DETR's own code, tested):
+padding and invalid tokens are kept out of the top-k selection (their score is -inf there;
+RF-DETR zeroes their features but may still select them), and a query's position embedding
+is that of its box in its own image (RF-DETR embeds the box scaled to the padded map). RF-DETR
+itself never pads: it resizes every image to the same square.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vitdense.backbone import ViTFeatures
+from vitdense.heads.deformable import MSDeformAttn
+from vitdense.heads.detr import MLP, inverse_sigmoid
+from vitdense.heads.pyramid import FeatureLevels, MultiLevelProjector
+from vitdense.types import DetectionOutput, ImageSizes
+
+#: `neck(embed_dim, out_dim)` -> module from `ViTFeatures` to `FeatureLevels`
+NeckFactory = Callable[[int, int], nn.Module]
+
+
+def box_sine_embedding(boxes: torch.Tensor, num_feats: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Sine embedding of boxes [..., 4] (cx, cy, w, h) in [0, 1] -> [..., 4 * num_feats], in the
+    order (cy, cx, w, h) as Conditional DETR / RF-DETR's `gen_sineembed_for_position`, each
+    interleaving sin and cos over geometric frequencies of 2 pi x."""
+    dim_t = torch.arange(num_feats, dtype=torch.float32, device=boxes.device)
+    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_feats)
+    parts = []
+    for i in (1, 0, 2, 3):
+        pos = boxes[..., i, None].float() * (2 * math.pi) / dim_t
+        parts.append(torch.stack((pos[..., 0::2].sin(), pos[..., 1::2].cos()), -1).flatten(-2))
+    return torch.cat(parts, -1)
+
+
+def refine_boxes(reference: torch.Tensor, delta: torch.Tensor, reparam: bool) -> torch.Tensor:
+    """Boxes [..., 4] (cx, cy, w, h) moved by a box head's `delta` [..., 4], in fp32.
+
+    `reparam`: RF-DETR's box reparameterisation, (cx + dx w, cy + dy h, w e^dw, h e^dh);
+    otherwise Deformable DETR's sigmoid(inverse_sigmoid(box) + delta)."""
+    reference, delta = reference.float(), delta.float()
+    if reparam:
+        return torch.cat(
+            [delta[..., :2] * reference[..., 2:] + reference[..., :2], delta[..., 2:].exp() * reference[..., 2:]], -1
+        )
+    return (inverse_sigmoid(reference) + delta).sigmoid()
+
+
+def token_proposals(levels: FlatLevels, base_size: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
+    """One proposal box per memory token (Deformable DETR's two-stage anchors): the token's
+    centre in units of its image's valid area, and a side of `base_size * 2**level`.
+
+    Returns boxes [B, S, 4] (cx, cy, w, h) and valid [B, S] bool: False on padding tokens and
+    on proposals with a coordinate outside (0.01, 0.99), as Deformable DETR and RF-DETR."""
+    boxes, valid = [], []
+    device = levels.memory.device
+    for level, ((h, w), sizes) in enumerate(zip(levels.spatial_shapes, levels.image_sizes, strict=True)):
+        extent = torch.tensor(sizes.grids, dtype=torch.float32, device=device)  # [B, 2] (rows, cols)
+        ys = (torch.arange(h, dtype=torch.float32, device=device) + 0.5)[None, :, None] / extent[:, 0, None, None]
+        xs = (torch.arange(w, dtype=torch.float32, device=device) + 0.5)[None, None, :] / extent[:, 1, None, None]
+        cx, cy = torch.broadcast_tensors(xs, ys)  # [B, h, w]
+        side = torch.full_like(cx, base_size * 2.0**level)
+        level_boxes = torch.stack([cx, cy, side, side], -1).flatten(1, 2)  # [B, h * w, 4]
+        inside = ((level_boxes > 0.01) & (level_boxes < 0.99)).all(-1)
+        boxes.append(level_boxes)
+        valid.append(inside & ~sizes.mask(device).flatten(1))
+    return torch.cat(boxes, 1), torch.cat(valid, 1)
+
+
+class FlatLevels(NamedTuple):
+    """The levels as the deformable decoder reads them.
+
+    Attributes:
+        memory: [B, S, d] every level's tokens, row-major, level after level; padding zeroed.
+        padding: [B, S] bool, True on padding tokens; None without any.
+        spatial_shapes: (h_l, w_l) of each level's (padded) map.
+        valid_ratios: [B, L, 2] each image's share of each level's map, (x, y) order as
+            Deformable DETR's `get_valid_ratio` (which is (w, h)).
+        image_sizes: the batch's `ImageSizes` at each level's stride.
+    """
+
+    memory: torch.Tensor
+    padding: torch.Tensor | None
+    spatial_shapes: tuple[tuple[int, int], ...]
+    valid_ratios: torch.Tensor
+    image_sizes: tuple[ImageSizes, ...]
+
+    @classmethod
+    def of(cls, levels: FeatureLevels) -> FlatLevels:
+        memory = torch.cat([m.flatten(2).transpose(1, 2) for m in levels.maps], 1)
+        device = memory.device
+        padding = None
+        if any(sizes.has_padding for sizes in levels.image_sizes):
+            padding = torch.cat([sizes.mask(device).flatten(1) for sizes in levels.image_sizes], 1)
+            memory = memory.masked_fill(padding[..., None], 0.0)
+        shapes = tuple((m.shape[-2], m.shape[-1]) for m in levels.maps)
+        ratios = torch.stack([sizes.valid_ratios(device).flip(-1) for sizes in levels.image_sizes], 1)
+        return cls(memory, padding, shapes, ratios, tuple(levels.image_sizes))
+
+
+class LWDETRDecoderLayer(nn.Module):
+    """Post-norm self-attention (within each query group), multi-scale deformable
+    cross-attention around the reference boxes, FFN (RF-DETR's decoder layer)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        num_cross_heads: int,
+        dim_feedforward: int,
+        dropout: float,
+        num_levels: int,
+        num_points: int,
+    ) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        self.cross_attn = MSDeformAttn(dim, num_levels, num_cross_heads, num_points)
+        self.linear1 = nn.Linear(dim, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        tgt: torch.Tensor,
+        query_pos: torch.Tensor,
+        reference_points: torch.Tensor,
+        levels: FlatLevels,
+        num_groups: int,
+    ) -> torch.Tensor:
+        """tgt, query_pos [B, G*Q, d]; reference_points [B, G*Q, L, 4] (boxes scaled by each
+        level's valid ratios); levels: the flattened memory -> [B, G*Q, d]."""
+        b = tgt.shape[0]
+        q = k = tgt + query_pos
+        # the groups do not see each other: run them as G batches of Q queries (RF-DETR)
+        q, k, v = (torch.cat(x.chunk(num_groups, 1), 0) for x in (q, k, tgt))
+        attn = self.self_attn(q, k, v, need_weights=False)[0]
+        attn = torch.cat(attn.split(b, 0), 1)
+        tgt = self.norm1(tgt + self.dropout(attn))
+        attn = self.cross_attn(tgt + query_pos, reference_points, levels.memory, levels.spatial_shapes, levels.padding)
+        tgt = self.norm2(tgt + self.dropout(attn))
+        ffn = self.linear2(self.dropout(F.relu(self.linear1(tgt))))
+        return self.norm3(tgt + self.dropout(ffn))
+
+
+class LWDETRHead(nn.Module):
+    """LW-DETR / RF-DETR's detection head over a plain ViT.
+
+    Args:
+        embed_dim: D of the backbone.
+        num_classes: K object classes (sigmoid scores; no "no object" class).
+        neck: `neck(embed_dim, hidden_dim)` -> levels (`MultiLevelProjector`: RF-DETR's,
+            `SimpleFeaturePyramid`: ViTDet's); it names the backbone blocks it reads
+            (`feature_indexes`), which the detector asks the backbone for.
+        hidden_dim: decoder width d (RF-DETR: 256).
+        num_queries: Q object queries per group (RF-DETR: 300).
+        num_groups: Group DETR groups in training (RF-DETR: 13); 1 at inference.
+        num_heads: self-attention heads (RF-DETR: 8).
+        num_cross_heads: deformable cross-attention heads (RF-DETR: 16).
+        num_points: sampling points per head and level (RF-DETR: 2).
+        dim_feedforward: FFN width (RF-DETR: 2048).
+        dropout: in attention and FFN (RF-DETR: 0).
+        dec_layers: decoder layers (RF-DETR: 3 for its base model).
+        two_stage: reference boxes from the encoder's top-Q proposals (else learned boxes).
+        bbox_reparam: RF-DETR's box reparameterisation (see `refine_boxes`).
+        refine_references: each layer starts from the previous layer's box (with
+            look-forward-twice); False keeps the first references (RF-DETR's
+            `lite_refpoint_refine=True`, its default).
+        aux_loss: return every earlier layer's predictions for the auxiliary losses.
+        prior_prob: the class bias's initial probability (focal-loss init; 0.01).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_classes: int,
+        neck: NeckFactory = MultiLevelProjector,
+        hidden_dim: int = 256,
+        num_queries: int = 300,
+        num_groups: int = 13,
+        num_heads: int = 8,
+        num_cross_heads: int = 16,
+        num_points: int = 2,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.0,
+        dec_layers: int = 3,
+        two_stage: bool = True,
+        bbox_reparam: bool = True,
+        refine_references: bool = False,
+        aux_loss: bool = True,
+        prior_prob: float = 0.01,
+    ) -> None:
+        super().__init__()
+        if num_groups < 1 or num_queries < 1 or dec_layers < 1:
+            raise ValueError(
+                f"num_groups={num_groups}, num_queries={num_queries}, dec_layers={dec_layers}: expected >= 1"
+            )
+        if hidden_dim % 4:
+            raise ValueError(f"hidden_dim={hidden_dim}: the box sine embedding needs a multiple of 4")
+        self.num_classes = num_classes
+        self.num_queries = num_queries
+        self.num_groups = num_groups
+        self.hidden_dim = hidden_dim
+        self.two_stage = two_stage
+        self.bbox_reparam = bbox_reparam
+        self.refine_references = refine_references
+        self.aux_loss = aux_loss
+        self.neck = neck(embed_dim, hidden_dim)
+        self.feature_indexes = tuple(getattr(self.neck, "feature_indexes", ()))
+        num_levels = self.neck.num_levels
+        self.decoder = nn.ModuleList(
+            LWDETRDecoderLayer(hidden_dim, num_heads, num_cross_heads, dim_feedforward, dropout, num_levels, num_points)
+            for _ in range(dec_layers)
+        )
+        self.ref_point_head = MLP(2 * hidden_dim, hidden_dim, hidden_dim, 2)
+        self.query_feat = nn.Embedding(num_queries * num_groups, hidden_dim)
+        # learned reference boxes: offsets from the two-stage proposals (zero: the proposal),
+        # or without two-stage the boxes themselves, in inverse-sigmoid space
+        self.refpoint_embed = nn.Embedding(num_queries * num_groups, 4)
+        self.decoder_norm = nn.LayerNorm(hidden_dim)
+        self.class_embed = nn.Linear(hidden_dim, num_classes)
+        self.bbox_embed = MLP(hidden_dim, hidden_dim, 4, 3)
+        if two_stage:
+            self.enc_output = nn.ModuleList(nn.Linear(hidden_dim, hidden_dim) for _ in range(num_groups))
+            self.enc_output_norm = nn.ModuleList(nn.LayerNorm(hidden_dim) for _ in range(num_groups))
+        self.reset_parameters(prior_prob)
+
+    def reset_parameters(self, prior_prob: float) -> None:
+        """RF-DETR's initialisation: Xavier for the decoder's matrices (deformable attention
+        keeps its own), the class bias at `prior_prob`, box heads and learned reference offsets
+        at zero, the two-stage heads copies of the decoder's."""
+        for p in self.decoder.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        for module in self.decoder.modules():
+            if isinstance(module, MSDeformAttn):
+                module.reset_parameters()
+        nn.init.constant_(self.class_embed.bias, -math.log((1 - prior_prob) / prior_prob))
+        nn.init.zeros_(self.bbox_embed.layers[-1].weight)
+        nn.init.zeros_(self.bbox_embed.layers[-1].bias)
+        nn.init.zeros_(self.refpoint_embed.weight)
+        if self.two_stage:
+            self.enc_out_class_embed = nn.ModuleList(copy.deepcopy(self.class_embed) for _ in range(self.num_groups))
+            self.enc_out_bbox_embed = nn.ModuleList(copy.deepcopy(self.bbox_embed) for _ in range(self.num_groups))
+
+    def forward(self, features: ViTFeatures) -> DetectionOutput:
+        """ViTFeatures (with the neck's intermediates) -> `DetectionOutput` with sigmoid
+        logits [B, G*Q, K] and boxes [B, G*Q, 4] (cx, cy, w, h) in [0, 1] of each image, the
+        earlier layers' in `aux` and the two-stage proposals' in `enc`; G is `num_groups` in
+        training and 1 in evaluation."""
+        return self.decode(self.neck(features))
+
+    def decode(self, feature_levels: FeatureLevels) -> DetectionOutput:
+        """The decoder and heads over the neck's levels (see `forward`)."""
+        levels = FlatLevels.of(feature_levels)
+        b = levels.memory.shape[0]
+        groups = self.num_groups if self.training else 1
+        n = groups * self.num_queries
+        tgt = self.query_feat.weight[:n].unsqueeze(0).expand(b, -1, -1)
+        learned = self.refpoint_embed.weight[:n].float().unsqueeze(0).expand(b, -1, -1)
+        enc = None
+        if self.two_stage:
+            enc = self.select_proposals(levels, groups)
+            # the selected proposals start the decoder (detached); they learn from their own loss
+            reference = refine_boxes(enc[1].detach(), learned, self.bbox_reparam)
+        else:  # learned boxes, in inverse-sigmoid space (zero: a centred box of half the image)
+            reference = learned.sigmoid()
+        hidden, inputs = [], [reference]
+        for i, layer in enumerate(self.decoder):
+            scaled = reference[:, :, None] * torch.cat([levels.valid_ratios, levels.valid_ratios], -1)[:, None]
+            # the query's position is its box in its own image (RF-DETR embeds the box scaled
+            # to the padded map, which makes a query's position depend on the batch's padding)
+            query_pos = self.ref_point_head(box_sine_embedding(reference, self.hidden_dim // 2).to(tgt.dtype))
+            tgt = layer(tgt, query_pos, scaled, levels, groups)
+            hidden.append(self.decoder_norm(tgt))
+            if self.refine_references and i < len(self.decoder) - 1:
+                with torch.autocast(tgt.device.type, enabled=False):
+                    refined = refine_boxes(reference, self.bbox_embed(tgt.float()), self.bbox_reparam)
+                inputs.append(refined)
+                reference = refined.detach()
+        if not self.refine_references:
+            inputs = inputs * len(self.decoder)
+        with torch.autocast(tgt.device.type, enabled=False):  # the heads in fp32, as DETRHead's
+            hs = torch.stack(hidden).float()  # [L, B, G*Q, d]
+            logits = self.class_embed(hs)
+            # look-forward-twice (DINO): layer l's box is its delta applied to its input
+            # reference before the detach, i.e. to layer l-1's box, whose layer so learns from both
+            boxes = torch.stack(
+                [refine_boxes(r, self.bbox_embed(h), self.bbox_reparam) for r, h in zip(inputs, hs, strict=True)]
+            )
+        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
+        return DetectionOutput(logits[-1], boxes[-1], aux, groups, enc=enc, sigmoid=True)
+
+    def select_proposals(self, levels: FlatLevels, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two-stage query selection, per group: every valid token's proposal is scored and
+        moved by the group's encoder heads, and the Q best (by their highest class logit)
+        are kept -> their logits [B, G*Q, K] and boxes [B, G*Q, 4], in fp32."""
+        anchors, valid = token_proposals(levels)
+        tokens = valid.shape[1]
+        if tokens < self.num_queries:
+            raise ValueError(
+                f"two-stage selection needs at least num_queries={self.num_queries} tokens, the levels have {tokens}: "
+                "lower num_queries or feed larger images"
+            )
+        memory = levels.memory.masked_fill(~valid[..., None], 0.0)
+        logits, boxes = [], []
+        for g in range(groups):
+            out = self.enc_output_norm[g](self.enc_output[g](memory))
+            with torch.autocast(out.device.type, enabled=False):
+                out = out.float()
+                group_logits = self.enc_out_class_embed[g](out)  # [B, S, K]
+                group_boxes = refine_boxes(anchors, self.enc_out_bbox_embed[g](out), self.bbox_reparam)
+            score = group_logits.detach().amax(-1).masked_fill(~valid, float("-inf"))
+            top = score.topk(self.num_queries, dim=1).indices  # [B, Q]
+            logits.append(group_logits.gather(1, top[..., None].expand(-1, -1, group_logits.shape[-1])))
+            boxes.append(group_boxes.gather(1, top[..., None].expand(-1, -1, 4)))
+        return torch.cat(logits, 1), torch.cat(boxes, 1)
+
+
+def from_rf_detr(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """RF-DETR's (and LW-DETR's) decoder and heads in `LWDETRHead`'s names: an `LWDETR`
+    state dict (its `model` entry of a checkpoint) -> the keys of `LWDETRHead` except the
+    neck. Backbone and projector keys are left out: RF-DETR's DINOv2 and projector are not
+    vitdense's modules."""
+    renamed = {}
+    for key, value in state_dict.items():
+        if key.startswith("transformer.decoder.bbox_embed."):
+            continue  # the same module as `bbox_embed`, listed twice
+        key = key.replace("transformer.decoder.layers.", "decoder.")
+        key = key.replace("transformer.decoder.norm.", "decoder_norm.")
+        key = key.replace("transformer.decoder.ref_point_head.", "ref_point_head.")
+        key = key.removeprefix("transformer.")
+        if key.split(".")[0] in LWDETR_KEYS:
+            renamed[key] = value
+    return renamed
+
+
+#: the top-level names of `LWDETRHead`'s modules that RF-DETR also has
+LWDETR_KEYS = {
+    "decoder",
+    "decoder_norm",
+    "ref_point_head",
+    "query_feat",
+    "refpoint_embed",
+    "class_embed",
+    "bbox_embed",
+    "enc_output",
+    "enc_output_norm",
+    "enc_out_class_embed",
+    "enc_out_bbox_embed",
+}
