@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitdense.backbone.pos_embed import GridSize, PosEmbed
-from vitdense.types import ImageSizes
+from vitdense.types import ImageSizes, _ceil_div
 
 AttnImpl = Literal["auto", "sdpa", "math"]
 
@@ -37,6 +37,15 @@ def fused_attention(x: torch.Tensor) -> bool:
     if x.dtype == torch.bfloat16:
         return False
     return not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+class Window(NamedTuple):
+    """How a windowed block cuts its tokens: the patch grid (h, w), the window size (wh, ww)
+    in tokens, and the number of prefix tokens before the patches."""
+
+    grid: tuple[int, int]
+    size: tuple[int, int]
+    num_prefix: int
 
 
 class ViTFeatures(NamedTuple):
@@ -143,26 +152,83 @@ class Attention(nn.Module):
         return self.attn_impl == "sdpa"
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_attention: bool = False
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        return_attention: bool = False,
+        window: Window | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: [B, T, D]; attn_mask: [B, 1, 1, T] bool, True where a key may be attended.
+        """x: [B, T, D]; attn_mask: [B, 1, 1, T] bool, True where a key may be attended;
+        window: attend within windows of the patch grid (see `windowed`).
 
         Returns the output [B, T, D] and, if asked, the attention [B, heads, T, T].
         """
+        if window is not None:
+            if return_attention:
+                raise ValueError("attention maps are returned for global blocks only (global_attn_indexes)")
+            return self.proj_drop(self.proj(self.windowed(x, attn_mask, window))), None
         b, t, d = x.shape
         q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        drop = self.attn_drop if self.training else 0.0
-        attn = None
-        if self._use_sdpa(q) and not return_attention:
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
-        else:
-            attn = (q * self.scale) @ k.transpose(-2, -1)
-            if attn_mask is not None:
-                attn = attn.masked_fill(~attn_mask, float("-inf"))
-            attn = attn.softmax(dim=-1)
-            x = F.dropout(attn, drop) @ v if drop else attn @ v
+        x, attn = self.attend(q, k, v, attn_mask, return_attention)
         x = self.proj(x.transpose(1, 2).reshape(b, t, d))
         return self.proj_drop(x), attn
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """softmax(q k^T / sqrt(d)) v over [N, heads, T, d] with a bool key mask broadcastable
+        to [N, heads, T_q, T_k] (True: may attend); fused or explicit (`fused_attention`)."""
+        drop = self.attn_drop if self.training else 0.0
+        if self._use_sdpa(q) and not return_attention:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop), None
+        attn = (q * self.scale) @ k.transpose(-2, -1)
+        if mask is not None:
+            attn = attn.masked_fill(~mask, float("-inf"))
+        attn = attn.softmax(dim=-1)
+        return (F.dropout(attn, drop) @ v if drop else attn @ v), attn
+
+    def windowed(self, x: torch.Tensor, attn_mask: torch.Tensor | None, window: Window) -> torch.Tensor:
+        """Window attention (ViTDet / RF-DETR) before the output projection: x [B, P + h*w, D]
+        -> [B, P + h*w, D].
+
+        The patch grid (h, w) is padded to whole windows of (wh, ww) tokens (the extra tokens
+        are padding, never keys) and each window attends within itself and to the P prefix
+        tokens; the prefix tokens attend to every token, as in a global block. Padding
+        tokens are never keys; a window with no key at all (only padding, no prefix token)
+        attends among its own tokens, whose outputs are padding, so that no NaN appears.
+        """
+        (h, w), (wh, ww), p = window.grid, window.size, window.num_prefix
+        b, t, d = x.shape
+        heads, dh = self.num_heads, self.head_dim
+        qkv = self.qkv(x).view(b, t, 3, heads, dh)
+        valid = attn_mask[:, 0, 0, p:].view(b, h, w) if attn_mask is not None else x.new_ones(b, h, w, dtype=torch.bool)
+        ph, pw = -h % wh, -w % ww
+        grid = F.pad(qkv[:, p:].reshape(b, h, w, 3 * d), (0, 0, 0, pw, 0, ph))
+        valid = F.pad(valid, (0, pw, 0, ph), value=False)
+        nh, nw = (h + ph) // wh, (w + pw) // ww
+        # [B, nh*wh, nw*ww, ...] -> [B * nh * nw, wh * ww, ...]
+        windows = grid.view(b, nh, wh, nw, ww, 3, heads, dh).permute(0, 1, 3, 2, 4, 5, 6, 7)
+        q, k, v = windows.reshape(b * nh * nw, wh * ww, 3, heads, dh).permute(2, 0, 3, 1, 4).unbind(0)
+        keys = valid.view(b, nh, wh, nw, ww).permute(0, 1, 3, 2, 4).reshape(b * nh * nw, wh * ww)
+        if p:
+            prefix_kv = qkv[:, :p, 1:].repeat_interleave(nh * nw, 0).permute(2, 0, 3, 1, 4)  # [2, B*nW, heads, P, dh]
+            k, v = torch.cat([prefix_kv[0], k], 2), torch.cat([prefix_kv[1], v], 2)
+            keys = F.pad(keys, (p, 0), value=True)
+        keys = keys | ~keys.any(1, keepdim=True)
+        out, _ = self.attend(q, k, v, keys[:, None, None, :])  # [B*nW, heads, wh*ww, dh]
+        out = out.transpose(1, 2).reshape(b, nh, nw, wh, ww, d).permute(0, 1, 3, 2, 4, 5)
+        out = out.reshape(b, nh * wh, nw * ww, d)[:, :h, :w].reshape(b, h * w, d)
+        if p:
+            q_prefix = qkv[:, :p, 0].transpose(1, 2)  # [B, heads, P, dh]
+            k_all, v_all = qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+            prefix_out, _ = self.attend(q_prefix, k_all, v_all, attn_mask)
+            out = torch.cat([prefix_out.transpose(1, 2).reshape(b, p, d), out], 1)
+        return out
 
 
 class Block(nn.Module):
@@ -196,10 +262,15 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(
-        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_attention: bool = False
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        return_attention: bool = False,
+        window: Window | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: [B, T, D] -> ([B, T, D], attention [B, heads, T, T] or None)."""
-        y, attn = self.attn(self.norm1(x), attn_mask, return_attention)
+        """x: [B, T, D] -> ([B, T, D], attention [B, heads, T, T] or None); with `window`,
+        the attention is windowed (`Attention.windowed`)."""
+        y, attn = self.attn(self.norm1(x), attn_mask, return_attention, window)
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x, attn
@@ -228,6 +299,17 @@ class VisionTransformer(nn.Module):
         patch_embed: a replacement patch embedding, e.g. `HybridEmbed` (ResNet stem); it must
             map ([B, C, H, W], `ImageSizes`) to [B, h, w, embed_dim] and offer `reduction`
             and `grid_for`.
+        window_size: windowed attention as ViTDet's: every block not in
+            `global_attn_indexes` attends within windows of window_size x window_size
+            tokens tiled from the top-left (`Attention.windowed`), so that memory grows with
+            the image, not with its square. The windows of an image are the same alone and
+            padded into a batch: detections do not depend on the batch.
+        num_windows: windowed attention as RF-DETR's: the (padded) grid cut into
+            num_windows x num_windows windows. Their size follows the batch's padded grid, so
+            a padded image's windows depend on its batch (RF-DETR resizes every image to one
+            square, so never pads); prefer `window_size` with mixed sizes.
+        global_attn_indexes: blocks that attend globally (ViTDet ViT-B: 2, 5, 8, 11).
+            No new parameters either way: timm's weights load unchanged.
     """
 
     def __init__(
@@ -251,8 +333,20 @@ class VisionTransformer(nn.Module):
         norm_eps: float = 1e-6,
         attn_impl: AttnImpl = "auto",
         patch_embed: nn.Module | None = None,
+        window_size: int | None = None,
+        num_windows: int | None = None,
+        global_attn_indexes: Sequence[int] = (),
     ) -> None:
         super().__init__()
+        if window_size is not None and num_windows is not None:
+            raise ValueError("give window_size (ViTDet's, in tokens) or num_windows (RF-DETR's, per side), not both")
+        if (window_size is not None and window_size < 1) or (num_windows is not None and num_windows < 1):
+            raise ValueError(f"window_size={window_size}, num_windows={num_windows}: expected at least 1")
+        if bad := [i for i in global_attn_indexes if not -depth <= i < depth]:
+            raise ValueError(f"global_attn_indexes {bad} are out of range for depth {depth}")
+        self.window_size = window_size
+        self.num_windows = num_windows
+        self.global_attn_indexes = tuple(i % depth for i in global_attn_indexes)
         self.img_size: tuple[int, int] = to_2tuple(img_size)
         self.embed_dim = self.num_features = embed_dim
         self.depth = depth
@@ -315,6 +409,19 @@ class VisionTransformer(nn.Module):
     def grid_size(self) -> GridSize:
         """Native token grid, for `img_size`."""
         return self.pos_embed_resampler.native_grid
+
+    def window_for(self, grid: GridSize) -> Window | None:
+        """The windows of a batch's patch grid, or None where one window would cover it all
+        (windowed blocks are then global blocks: the same computation)."""
+        if self.window_size is not None:
+            size = (self.window_size, self.window_size)
+        elif self.num_windows is not None:
+            size = (_ceil_div(grid[0], self.num_windows), _ceil_div(grid[1], self.num_windows))
+        else:
+            return None
+        if size[0] >= grid[0] and size[1] >= grid[1]:
+            return None
+        return Window((grid[0], grid[1]), size, self.num_prefix_tokens)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block (and the hybrid CNN's stages) in backward instead of storing
@@ -430,11 +537,13 @@ class VisionTransformer(nn.Module):
         want_out = {i % self.depth for i in intermediates}
         want_attn = {i % self.depth for i in attentions}
         outs, attns = {}, {}
+        window = self.window_for(grid)
         for i, blk in enumerate(self.blocks):
+            block_window = window if i not in self.global_attn_indexes else None
             if self.grad_checkpointing and torch.is_grad_enabled():
-                x, attn = checkpoint(blk, x, attn_mask, i in want_attn, use_reentrant=False)
+                x, attn = checkpoint(blk, x, attn_mask, i in want_attn, block_window, use_reentrant=False)
             else:
-                x, attn = blk(x, attn_mask, i in want_attn)
+                x, attn = blk(x, attn_mask, i in want_attn, block_window)
             if i in want_out:
                 outs[i] = x
             if attn is not None:
