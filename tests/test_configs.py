@@ -24,6 +24,8 @@ TESTED = {
     "seg_ade20k_hybrid.yaml",
     "demo_det.yaml",
     "det_coco.yaml",
+    "demo_det_lwdetr.yaml",
+    "det_coco_rfdetr.yaml",
 }
 
 
@@ -93,6 +95,8 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
     args = ["fit", "--config", str(config), *fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch)]
     if "img_size" in cfg["data"]["init_args"] and "ADE20K" not in cfg["data"]["class_path"]:
         args.append("--data.init_args.img_size=64")  # the recipe's size costs minutes on a CPU
+    if cfg["model"]["init_args"].get("head", {}).get("class_path", "").endswith("LWDETRHead"):
+        args.append("--model.init_args.head.init_args.num_queries=8")  # two-stage picks from the 64 px images' tokens
     args += [
         "--model.init_args.backbone.pretrained=false",  # offline: same architecture, random weights
         "--trainer.accelerator=cpu",
@@ -130,28 +134,60 @@ def test_ade20k_recipe_tests_on_validation_with_test_windows(tmp_path, monkeypat
     assert 0 <= cli.trainer.callback_metrics["test/mIoU"] <= 1
 
 
-def test_coco_recipe_tests_and_predicts_on_the_coco_layout(tmp_path, monkeypatch):
-    """`test` and `predict` on the COCO config: AP on val2017, a results JSON with COCO's ids."""
+@pytest.mark.parametrize("name", ["det_coco.yaml", "det_coco_rfdetr.yaml"])
+def test_coco_recipe_tests_and_predicts_on_the_coco_layout(tmp_path, monkeypatch, name):
+    """`test` and `predict` on the COCO configs: AP on val2017, and a results JSON with COCO's
+    ids whose AP by pycocotools' COCOeval is the AP `test` reported."""
     import json
 
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
     monkeypatch.chdir(tmp_path)
-    config = Path(__file__).parents[1] / "configs" / "det_coco.yaml"
+    config = Path(__file__).parents[1] / "configs" / name
     cfg = yaml.safe_load(config.read_text())
     args = [*fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch), "--data.init_args.img_size=64"]
     args += ["--model.init_args.backbone.pretrained=false", "--trainer.accelerator=cpu", "--trainer.devices=1"]
     args += ["--trainer.precision=auto"]  # (not the emulated bf16 of CPUs without it)
-    args += [
-        "--trainer.strategy=auto",
-        "--trainer.enable_progress_bar=false",
-        "--model.init_args.backbone.model_args={depth: 2}",
-    ]
-    tested = main(["test", "--config", str(config), *args])
-    assert len(tested.datamodule.test_dataset) == 4
-    assert 0 <= tested.trainer.callback_metrics["test/map"] <= 1
+    args += ["--trainer.strategy=auto", "--trainer.enable_progress_bar=false", "--seed_everything=3"]
+    if "rfdetr" in name:  # 8 queries from the 64 px images' 25 tokens; the blocks its projector reads
+        args += ["--model.init_args.head.init_args.num_queries=8"]
+        args += ["--model.init_args.backbone.model_args={depth: 3, num_windows: 2, global_attn_indexes: [2]}"]
+        args += ["--model.init_args.head.init_args.neck.init_args.feature_indexes=[0, 2]"]
+    else:
+        args += ["--model.init_args.backbone.model_args={depth: 2}"]
     out = tmp_path / "dets.json"
     writer = ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
     main(["predict", "--config", str(config), *args, *writer])
     results = json.loads(out.read_text())
-    truth = json.loads((tmp_path / "coco" / "annotations" / "instances_val2017.json").read_text())
+    truth_path = tmp_path / "coco" / "annotations" / "instances_val2017.json"
+    truth = json.loads(truth_path.read_text())
     assert {r["image_id"] for r in results} == {i["id"] for i in truth["images"]}
     assert {r["category_id"] for r in results} <= {c["id"] for c in truth["categories"]}
+    # an untrained model finds nothing of the real objects (AP 0 = 0 would prove little): make
+    # the ground truth some of its own detections, moved, so that some match and some miss
+    annotations = []
+    for image in truth["images"]:
+        found = sorted((r for r in results if r["image_id"] == image["id"]), key=lambda r: -r["score"])
+        for k, r in enumerate(found[:3]):
+            x, y, w, h = r["bbox"]
+            box = [x + 0.1 * w * k, y, w, h]  # exact, 10 % off, 20 % off
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image["id"],
+                    "category_id": r["category_id"],
+                    "bbox": box,
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
+    truth_path.write_text(json.dumps({**truth, "annotations": annotations}))
+    tested = main(["test", "--config", str(config), *args])
+    assert len(tested.datamodule.test_dataset) == 4
+    reported = float(tested.trainer.callback_metrics["test/map"])
+    coco = COCO(str(truth_path))
+    evaluation = COCOeval(coco, coco.loadRes(str(out)), "bbox")
+    evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
+    assert 0.1 < reported < 1
+    assert evaluation.stats[0] == pytest.approx(reported, abs=1e-6)

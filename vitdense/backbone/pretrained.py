@@ -35,6 +35,8 @@ _logger = logging.getLogger(__name__)
 #: tensors of timm checkpoints that belong to classification heads, not to the encoder
 HEAD_PREFIXES = ("head.", "head_dist.", "pre_logits.")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+#: `model_args` that configure vitdense's windowed attention rather than timm's architecture
+WINDOW_ARGS = ("window_size", "num_windows", "global_attn_indexes")
 
 
 def check_model_name(model_name: str) -> None:
@@ -235,10 +237,15 @@ def create_backbone(
             works at run time (the table is resampled per grid).
         drop_rate, attn_drop_rate, drop_path_rate, attn_impl: see `VisionTransformer`.
         model_args: timm architecture overrides, e.g. `{"depth": 6, "patch_size": 8}` for a
-            smaller model trained from scratch; pretrained weights must still fit them.
+            smaller model trained from scratch; pretrained weights must still fit them. Also
+            vitdense's windowed attention (`window_size` or `num_windows`, with
+            `global_attn_indexes`; see `VisionTransformer`), which adds no weights.
     """
     if pretrained and checkpoint is not None:
         raise ConfigError("create_backbone: give either pretrained=True or checkpoint=..., not both")
+    # windowed attention is vitdense's, not an architecture timm builds: no parameter of its own
+    model_args = dict(model_args or {})
+    windows = {k: model_args.pop(k) for k in WINDOW_ARGS if k in model_args}
     ref = _timm_reference(model_name, img_size, model_args=model_args)
     model = VisionTransformer(
         **arch_from_timm(ref, model_name),
@@ -246,6 +253,7 @@ def create_backbone(
         attn_drop_rate=attn_drop_rate,
         drop_path_rate=drop_path_rate,
         attn_impl=attn_impl,
+        **windows,
     )
     model.pretrained_cfg = dict(ref.pretrained_cfg)
     if pretrained:
