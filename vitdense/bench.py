@@ -2,6 +2,7 @@
 
     python -m vitdense.bench backbone --model vit_small_patch16_224 --img-size 224 --batch-size 8
     python -m vitdense.bench export --model vit_small_patch16_224 --img-size 224
+    python -m vitdense.bench det-heads --model vit_small_patch16_224 --img-size 640 --batch-size 2
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -10,6 +11,10 @@ a training step (forward + backward), the memory of the training step, and
 vitdense / timm for each. Memory is the peak allocated on CUDA; on CPU, where torch keeps
 no allocator statistics, it is the size of the activations autograd saves for backward
 (the part of training memory that depends on the implementation).
+
+`det-heads` times a detection training step (forward, the task's loss, backward) of each
+detection head on the same backbone at a COCO-like size, alternating the heads every round:
+median ms, saved-activation MB (CPU) or peak MB (CUDA), and the ratio to the first head.
 
 `export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
 in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.
@@ -202,6 +207,98 @@ def print_export(args: argparse.Namespace, results: dict[str, tuple[float, float
         print(f"{name:16}{eager:12.1f}{ort:16.1f}{eager / ort:14.2f}")
 
 
+def detection_heads() -> dict[str, Callable[[int, int], nn.Module]]:
+    """The heads `det-heads` compares, at COCO settings: today's DETR head with Group DETR
+    and Plain-DETR's box bias, and the LW-DETR / RF-DETR head part by part."""
+    from vitdense.heads import DETRHead
+    from vitdense.heads.lwdetr import LWDETRHead
+    from vitdense.heads.pyramid import MultiLevelProjector
+
+    detr = partial(
+        DETRHead,
+        num_queries=300,
+        num_groups=13,
+        dropout=0.0,
+        box_bias=True,
+        box_bias_mode="pixels",
+        box_bias_hidden=512,
+    )
+    single = partial(MultiLevelProjector, scale_factors=(1.0,))
+    multi = partial(MultiLevelProjector, scale_factors=(2.0, 1.0, 0.5))
+    return {
+        "detr+groups+boxrpb": detr,
+        "lwdetr 1 level": partial(LWDETRHead, neck=single),
+        "lwdetr P3-P5": partial(LWDETRHead, neck=multi),
+    }
+
+
+def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    """Median ms of a training step and its memory, per head, same backbone and batch."""
+    from vitdense.tasks import BackboneConfig, DetectionTask
+    from vitdense.types import BoxTargets, ImageSizes
+
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    backbone = BackboneConfig(name=args.model, img_size=args.img_size)
+    tasks = {
+        name: DetectionTask(num_classes=80, head=head, backbone=backbone).to(device).train()
+        for name, head in detection_heads().items()
+        if not args.heads or name in args.heads
+    }
+    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
+    sizes = ImageSizes.full(args.batch_size, (args.img_size, args.img_size))
+    generator = torch.Generator().manual_seed(0)
+    targets = []
+    for _ in range(args.batch_size):  # 7 objects per image, COCO's mean
+        centre = torch.rand(7, 2, generator=generator) * 0.6 + 0.2
+        size = torch.rand(7, 2, generator=generator) * 0.3 + 0.05
+        targets.append(
+            BoxTargets(torch.cat([centre, size], 1).to(device), torch.randint(80, (7,), generator=generator).to(device))
+        )
+
+    def loss_of(name: str) -> torch.Tensor:
+        task = tasks[name]
+        return task.criterion(task(x, sizes), targets).total
+
+    def train(name: str) -> None:
+        with _autocast(device, args.precision):
+            loss = loss_of(name)
+        loss.backward()
+        tasks[name].zero_grad(set_to_none=True)
+
+    results: dict[str, list[float]] = {}
+    memory: dict[str, float] = {}
+    for name in tasks:
+        for _ in range(args.warmup):
+            train(name)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            train(name)
+            memory[name] = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            with _autocast(device, args.precision):
+                memory[name] = _saved_activation_bytes(lambda n=name: loss_of(n)) / 2**20
+            tasks[name].zero_grad(set_to_none=True)
+    order = list(tasks)
+    for step in range(args.iters):
+        for name in order if step % 2 == 0 else order[::-1]:
+            results.setdefault(name, []).append(_time(lambda n=name: train(n), device))
+    return {name: (statistics.median(ts) * 1000, memory[name]) for name, ts in results.items()}
+
+
+def print_det_heads(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
+    mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
+    print(
+        f"{args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, {args.precision}, training step "
+        f"(forward, loss, backward) on {cpu_kind() if args.device == 'cpu' else args.device} "
+        f"({torch.get_num_threads()} threads, torch {torch.__version__}), median of {args.iters} alternating rounds"
+    )
+    print(f"{'':22}{'ms':>10}{'x first':>10}{mem_label:>16}")
+    first = next(iter(results.values()))[0]
+    for name, (ms, mb) in results.items():
+        print(f"{name:22}{ms:10.0f}{ms / first:10.2f}{mb:16.0f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m vitdense.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -220,11 +317,22 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--tasks", nargs="+", default=["classification", "segmentation", "detection"])
     ex.add_argument("--iters", type=int, default=10, help="timed rounds per runtime")
     ex.add_argument("--warmup", type=int, default=2)
+    dh = sub.add_parser("det-heads", help="training-step time and memory of each detection head, same backbone")
+    dh.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    dh.add_argument("--img-size", type=int, default=640)
+    dh.add_argument("--batch-size", type=int, default=2)
+    dh.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    dh.add_argument("--heads", nargs="*", default=None, help="a subset of the heads, by name")
+    dh.add_argument("--iters", type=int, default=5, help="timed rounds per head")
+    dh.add_argument("--warmup", type=int, default=1)
+    dh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
     elif args.command == "export":
         print_export(args, bench_export(args))
+    elif args.command == "det-heads":
+        print_det_heads(args, bench_det_heads(args))
 
 
 if __name__ == "__main__":

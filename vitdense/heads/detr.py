@@ -258,6 +258,10 @@ class DETRDecoderLayer(nn.Module):
             need_weights=explicit,
         )[0]
         tgt = self.norm2(tgt + self.dropout(attn))
+        return self.feed_forward(tgt)
+
+    def feed_forward(self, tgt: torch.Tensor) -> torch.Tensor:
+        """The FFN with its residual and post-norm: [B, Q, d] -> [B, Q, d]."""
         ffn = self.linear2(self.dropout(F.relu(self.linear1(tgt))))
         return self.norm3(tgt + self.dropout(ffn))
 

@@ -39,12 +39,11 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vitdense.backbone import ViTFeatures
 from vitdense.heads.deformable import MSDeformAttn
-from vitdense.heads.detr import MLP, inverse_sigmoid
+from vitdense.heads.detr import MLP, DETRDecoderLayer, inverse_sigmoid
 from vitdense.heads.pyramid import FeatureLevels, MultiLevelProjector
 from vitdense.types import DetectionOutput, ImageSizes
 
@@ -130,9 +129,9 @@ class FlatLevels(NamedTuple):
         return cls(memory, padding, shapes, ratios, tuple(levels.image_sizes))
 
 
-class LWDETRDecoderLayer(nn.Module):
-    """Post-norm self-attention (within each query group), multi-scale deformable
-    cross-attention around the reference boxes, FFN (RF-DETR's decoder layer)."""
+class LWDETRDecoderLayer(DETRDecoderLayer):
+    """DETR's post-norm decoder layer with multi-scale deformable cross-attention around the
+    reference boxes, self-attention within each query group (RF-DETR's decoder layer)."""
 
     def __init__(
         self,
@@ -144,15 +143,8 @@ class LWDETRDecoderLayer(nn.Module):
         num_levels: int,
         num_points: int,
     ) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
+        super().__init__(dim, num_heads, dim_feedforward, dropout)
         self.cross_attn = MSDeformAttn(dim, num_levels, num_cross_heads, num_points)
-        self.linear1 = nn.Linear(dim, dim_feedforward)
-        self.linear2 = nn.Linear(dim_feedforward, dim)
-        self.norm1 = nn.LayerNorm(dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.norm3 = nn.LayerNorm(dim)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(
         self,
@@ -172,9 +164,7 @@ class LWDETRDecoderLayer(nn.Module):
         attn = torch.cat(attn.split(b, 0), 1)
         tgt = self.norm1(tgt + self.dropout(attn))
         attn = self.cross_attn(tgt + query_pos, reference_points, levels.memory, levels.spatial_shapes, levels.padding)
-        tgt = self.norm2(tgt + self.dropout(attn))
-        ffn = self.linear2(self.dropout(F.relu(self.linear1(tgt))))
-        return self.norm3(tgt + self.dropout(ffn))
+        return self.feed_forward(self.norm2(tgt + self.dropout(attn)))
 
 
 class LWDETRHead(nn.Module):

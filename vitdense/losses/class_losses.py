@@ -86,10 +86,9 @@ def focal_cost(logits: torch.Tensor, labels: torch.Tensor, alpha: float, gamma: 
     return positive - negative
 
 
-class SigmoidFocalLoss(ClassLoss):
-    """Deformable DETR's: sigmoid focal loss of every (query, class) against one-hot targets
-    (unmatched queries: all 0), summed and divided by `num_boxes` (its `sigmoid_focal_loss`
-    times the number of queries)."""
+class SigmoidClassLoss(ClassLoss):
+    """The base of the sigmoid losses: K logits, Deformable DETR's focal matching cost with
+    the loss's own alpha and gamma."""
 
     sigmoid = True
 
@@ -99,6 +98,12 @@ class SigmoidFocalLoss(ClassLoss):
 
     def matching_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return focal_cost(logits, labels, self.alpha, self.gamma)
+
+
+class SigmoidFocalLoss(SigmoidClassLoss):
+    """Deformable DETR's: sigmoid focal loss of every (query, class) against one-hot targets
+    (unmatched queries: all 0), summed and divided by `num_boxes` (its `sigmoid_focal_loss`
+    times the number of queries)."""
 
     def forward(self, logits, matched, labels, ious, num_boxes):  # noqa: D102 (see ClassLoss)
         target = torch.zeros_like(logits)
@@ -112,7 +117,7 @@ class SigmoidFocalLoss(ClassLoss):
         return loss.sum() / num_boxes
 
 
-class IoUAwareBCELoss(ClassLoss):
+class IoUAwareBCELoss(SigmoidClassLoss):
     """LW-DETR / RF-DETR's IoU-aware BCE (`ia_bce_loss`).
 
     For the matched (query, class) pairs the target is t = clamp(p^alpha IoU^(1-alpha), 0.01)
@@ -121,15 +126,6 @@ class IoUAwareBCELoss(ClassLoss):
     has a gradient too). Summed and divided by `num_boxes`. Matching uses the focal cost, as
     RF-DETR's matcher does.
     """
-
-    sigmoid = True
-
-    def __init__(self, alpha: float = 0.25, gamma: float = 2.0) -> None:
-        super().__init__()
-        self.alpha, self.gamma = alpha, gamma
-
-    def matching_cost(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return focal_cost(logits, labels, self.alpha, self.gamma)
 
     def forward(self, logits, matched, labels, ious, num_boxes):  # noqa: D102 (see ClassLoss)
         prob = logits.sigmoid()
