@@ -19,3 +19,15 @@ def test_export_bench_prints_both_runtimes(capsys):
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in out.splitlines()[2:]}
     assert set(rows) == {"classification"}
     assert all(v > 0 for row in rows.values() for v in row)
+
+
+def test_detection_heads_bench_prints_every_head(capsys):
+    main(
+        "det-heads --model vit_tiny_patch16_224 --img-size 64 --batch-size 1 --iters 1 --warmup 0 "
+        "--num-queries 4 --num-groups 2".split()
+    )
+    out = capsys.readouterr().out
+    rows = [line.rsplit(None, 3) for line in out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["detr+groups+boxrpb", "lwdetr P4 (RF-DETR-B)", "lwdetr P3-P5"]
+    assert all(float(v) > 0 for r in rows for v in r[1:])
+    assert float(rows[0][2]) == 1.0  # the ratio column is relative to the first head

@@ -207,28 +207,24 @@ def print_export(args: argparse.Namespace, results: dict[str, tuple[float, float
         print(f"{name:16}{eager:12.1f}{ort:16.1f}{eager / ort:14.2f}")
 
 
-def detection_heads() -> dict[str, Callable[[int, int], nn.Module]]:
-    """The heads `det-heads` compares, at COCO settings: today's DETR head with Group DETR
-    and Plain-DETR's box bias, and the LW-DETR / RF-DETR head part by part."""
-    from vitdense.heads import DETRHead
-    from vitdense.heads.lwdetr import LWDETRHead
-    from vitdense.heads.pyramid import MultiLevelProjector
+def detection_heads(
+    num_queries: int = 300, num_groups: int = 13
+) -> dict[str, tuple[Callable[[int, int], nn.Module], Callable[[int], nn.Module]]]:
+    """The (head, criterion) pairs `det-heads` compares, at COCO settings by default (300
+    queries, 13 groups): today's DETR head with Group DETR and Plain-DETR's box bias, and the
+    LW-DETR / RF-DETR head part by part."""
+    from vitdense.heads import DETRHead, LWDETRHead, MultiLevelProjector
+    from vitdense.losses import HungarianMatcher, IoUAwareBCELoss, SetCriterion
 
-    detr = partial(
-        DETRHead,
-        num_queries=300,
-        num_groups=13,
-        dropout=0.0,
-        box_bias=True,
-        box_bias_mode="pixels",
-        box_bias_hidden=512,
-    )
-    single = partial(MultiLevelProjector, scale_factors=(1.0,))
-    multi = partial(MultiLevelProjector, scale_factors=(2.0, 1.0, 0.5))
+    queries = {"num_queries": num_queries, "num_groups": num_groups}
+    detr = partial(DETRHead, **queries, dropout=0.0, box_bias=True, box_bias_mode="pixels", box_bias_hidden=512)
+    rf_detr = partial(SetCriterion, matcher=HungarianMatcher(cost_class=2.0), class_loss=IoUAwareBCELoss())
+    p4 = partial(MultiLevelProjector, scale_factors=(1.0,))
+    p3_p5 = partial(MultiLevelProjector, scale_factors=(2.0, 1.0, 0.5))
     return {
-        "detr+groups+boxrpb": detr,
-        "lwdetr 1 level": partial(LWDETRHead, neck=single),
-        "lwdetr P3-P5": partial(LWDETRHead, neck=multi),
+        "detr+groups+boxrpb": (detr, SetCriterion),
+        "lwdetr P4 (RF-DETR-B)": (partial(LWDETRHead, neck=p4, **queries), rf_detr),
+        "lwdetr P3-P5": (partial(LWDETRHead, neck=p3_p5, **queries), rf_detr),
     }
 
 
@@ -241,8 +237,8 @@ def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     device = torch.device(args.device)
     backbone = BackboneConfig(name=args.model, img_size=args.img_size)
     tasks = {
-        name: DetectionTask(num_classes=80, head=head, backbone=backbone).to(device).train()
-        for name, head in detection_heads().items()
+        name: DetectionTask(num_classes=80, head=head, criterion=criterion, backbone=backbone).to(device).train()
+        for name, (head, criterion) in detection_heads(args.num_queries, args.num_groups).items()
         if not args.heads or name in args.heads
     }
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
@@ -289,7 +285,8 @@ def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
 def print_det_heads(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
     mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
     print(
-        f"{args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, {args.precision}, training step "
+        f"{args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, {args.num_queries} queries x "
+        f"{args.num_groups} groups, {args.precision}, training step "
         f"(forward, loss, backward) on {cpu_kind() if args.device == 'cpu' else args.device} "
         f"({torch.get_num_threads()} threads, torch {torch.__version__}), median of {args.iters} alternating rounds"
     )
@@ -323,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     dh.add_argument("--batch-size", type=int, default=2)
     dh.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
     dh.add_argument("--heads", nargs="*", default=None, help="a subset of the heads, by name")
+    dh.add_argument("--num-queries", type=int, default=300, help="queries per group")
+    dh.add_argument("--num-groups", type=int, default=13, help="Group DETR groups in training")
     dh.add_argument("--iters", type=int, default=5, help="timed rounds per head")
     dh.add_argument("--warmup", type=int, default=1)
     dh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
