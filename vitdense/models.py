@@ -212,12 +212,13 @@ def postprocess(
 
 
 class DETRDetector(nn.Module):
-    """DETR (Carion et al. 2020) on the ViT's patch tokens: images -> `DetectionOutput`, and
-    `detect` -> boxes at each image's original size.
+    """A DETR-family detector on the ViT (Carion et al. 2020 and successors): images ->
+    `DetectionOutput`, and `detect` -> boxes at each image's original size.
 
     Args:
         backbone: the encoder.
-        head: `ViTFeatures` -> `DetectionOutput` (`DETRHead`).
+        head: `ViTFeatures` -> `DetectionOutput` (`DETRHead`, `LWDETRHead`); a head that
+            names `feature_indexes` gets those blocks' normalised outputs as intermediates.
         selection: how `detect` reads detections from the queries (see `postprocess`).
         top_k: detections kept per image with `selection="top_k"`.
     """

@@ -61,10 +61,11 @@ def map_backend() -> str:
 
 
 class DetectionTask(BaseTask):
-    """Object detection with a DETR head.
+    """Object detection with a DETR-family head (DETR's, or LW-DETR / RF-DETR's).
 
     Logs `{stage}/loss` and every weighted loss term (`loss_ce`, `loss_bbox`, `loss_giou`,
-    and `loss_ce_0`, ... of the earlier decoder layers), and per evaluation epoch COCO's
+    `loss_ce_0`, ... of the earlier decoder layers, `loss_ce_enc`, ... of two-stage
+    proposals), and per evaluation epoch COCO's
     `{stage}/map`, `map_50`, `map_75`, `map_small/medium/large`, `mar_1/10/100`, with a
     per-class AP table in the log.
 
@@ -72,7 +73,8 @@ class DetectionTask(BaseTask):
         num_classes: K object classes, without "no object" (linked from the DataModule).
         class_names: names of the K classes (linked from the DataModule).
         head: `head(embed_dim, num_classes)` -> module from `ViTFeatures` to a
-            `DetectionOutput`; default `DETRHead` with DETR's settings.
+            `DetectionOutput`; default `DETRHead` with DETR's settings; `LWDETRHead` for
+            LW-DETR / RF-DETR's (with a sigmoid `class_loss` in the criterion).
         criterion: `criterion(num_classes)` -> module from (output, targets) to `Losses`;
             default `SetCriterion` with DETR's matcher costs and loss weights.
         selection: how detections are read from the queries: `"per_query"` (DETR's: each
