@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitdense.backbone import VisionTransformer
+from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.heads import LWDETRHead, MultiLevelProjector
 from vitdense.heads.lwdetr import refine_boxes
 from vitdense.heads.pyramid import FeatureLevels
@@ -71,16 +71,23 @@ def test_decoder_equals_rf_detrs(ref, refine, train):
 SIZES = [(64, 48), (40, 56)]  # padded to (64, 56): the first on the right, the second at the bottom
 
 
-@pytest.fixture(scope="module")
-def model():
+def build(hybrid: bool):
     torch.manual_seed(0)
-    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2).eval()
+    if hybrid:  # the demo's ResNet stem + ViT (each image's stem runs at its own size)
+        vit = create_backbone("vit_tiny_r_s16_p8_224", img_size=64, model_args={"depth": 2, "patch_size": 2}).eval()
+    else:
+        vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2).eval()
     neck = partial(MultiLevelProjector, feature_indexes=(0, 1), scale_factors=(2.0, 1.0, 0.5), num_blocks=1)
-    head = LWDETRHead(24, neck=neck, **{**HEAD, "num_queries": 6})
+    head = LWDETRHead(vit.embed_dim, neck=neck, **{**HEAD, "num_queries": 6})
     with torch.no_grad():  # move the zero-initialised heads, so that boxes and references vary
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return vit, head
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build(hybrid=False)
 
 
 def detect(model, images, sizes):
@@ -88,7 +95,9 @@ def detect(model, images, sizes):
     return head(vit(images, sizes, intermediates=head.feature_indexes, norm_intermediates=True))
 
 
-def test_an_image_gives_the_same_detections_alone_and_padded(model):
+@pytest.mark.parametrize("hybrid", [False, True], ids=["plain", "hybrid"])
+def test_an_image_gives_the_same_detections_alone_and_padded(hybrid):
+    model = build(hybrid)
     torch.manual_seed(1)
     sizes = ImageSizes.of(SIZES)
     images = torch.zeros(2, 3, *sizes.padded)
