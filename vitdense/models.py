@@ -25,7 +25,7 @@ from vitdense.backbone import VisionTransformer
 from vitdense.errors import ConfigError
 from vitdense.heads.linear_probe import probe_features
 from vitdense.inference import segment_image
-from vitdense.types import DetectionOutput, ImageSizes, Size
+from vitdense.types import BoxTargets, DetectionOutput, ImageSizes, Size
 
 
 class ImageClassifier(nn.Module):
@@ -234,12 +234,21 @@ class DETRDetector(nn.Module):
         self.selection = selection
         self.top_k = top_k
 
-    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> DetectionOutput:
+    def forward(
+        self,
+        images: torch.Tensor,
+        image_sizes: ImageSizes | None = None,
+        targets: Sequence[BoxTargets] | None = None,
+    ) -> DetectionOutput:
         """images [B, 3, H, W] (padded, with their `ImageSizes`) -> logits [B, Q, K + 1] and
-        boxes [B, Q, 4] (cx, cy, w, h) in [0, 1] of each unpadded image."""
+        boxes [B, Q, 4] (cx, cy, w, h) in [0, 1] of each unpadded image. `targets` reach a
+        head that trains with denoising queries (`head.denoising`); others ignore them."""
         # a multi-level head names the blocks its neck reads (`feature_indexes`)
         blocks = getattr(self.head, "feature_indexes", ())
-        return self.head(self.backbone(images, image_sizes, intermediates=blocks, norm_intermediates=True))
+        features = self.backbone(images, image_sizes, intermediates=blocks, norm_intermediates=True)
+        if targets is not None and getattr(self.head, "denoising", False):
+            return self.head(features, targets)
+        return self.head(features)
 
     def postprocess(
         self, output: DetectionOutput, orig_sizes: Sequence[Size]

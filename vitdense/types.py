@@ -226,6 +226,22 @@ class DetectedImages(NamedTuple):
     eval_targets: EvalTargets | tuple[EvalTargets | None, ...] | None = None
 
 
+class Denoising(NamedTuple):
+    """A head's denoising queries (DN-DETR / DINO) in training: noised copies of the targets
+    whose answer is known, so they need no matching.
+
+    Attributes:
+        layers: (logits [B, D, C], boxes [B, D, 4]) of every decoder layer, first to last.
+        matches: per image, (denoising query indices, target indices): each of the
+            `num_groups` groups holds every target of the image once.
+        num_groups: denoising groups (each target appears once per group).
+    """
+
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    matches: list[tuple[torch.Tensor, torch.Tensor]]
+    num_groups: int
+
+
 class DetectionOutput(NamedTuple):
     """A DETR head's predictions for a batch.
 
@@ -241,6 +257,7 @@ class DetectionOutput(NamedTuple):
             decoder's, supervised like a decoder layer; None without.
         sigmoid: the logits are per-class sigmoids without "no object" (Deformable DETR
             and its successors) rather than a softmax over K + 1.
+        dn: the denoising queries' predictions (training with denoising on), else None.
     """
 
     logits: torch.Tensor
@@ -249,6 +266,7 @@ class DetectionOutput(NamedTuple):
     num_groups: int = 1
     enc: tuple[torch.Tensor, torch.Tensor] | None = None
     sigmoid: bool = False
+    dn: Denoising | None = None
 
     def class_probs(self) -> torch.Tensor:
         """[B, Q, K] fp32 probability of each real class (softmax without "no object", or sigmoid)."""

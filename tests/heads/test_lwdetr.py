@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.heads import LWDETRHead, MultiLevelProjector
-from vitdense.heads.lwdetr import refine_boxes
+from vitdense.heads.lwdetr import denoising_queries, refine_boxes
 from vitdense.heads.pyramid import FeatureLevels
-from vitdense.types import ImageSizes
+from vitdense.types import BoxTargets, ImageSizes
 
 REFERENCE = Path(__file__).with_name("rf_detr_reference.pt")
 HEAD = dict(
@@ -154,3 +155,91 @@ def test_each_layer_attends_around_the_previous_box_when_refining(model, refine)
         torch.testing.assert_close(second, moved, rtol=1e-5, atol=1e-6)
     else:
         assert torch.equal(first, second) and not torch.allclose(second, moved)
+
+
+def dn_head(**kwargs) -> tuple[VisionTransformer, LWDETRHead]:
+    torch.manual_seed(0)
+    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2).eval()
+    neck = partial(MultiLevelProjector, feature_indexes=(0, 1), scale_factors=(1.0, 0.5), num_blocks=1)
+    return vit, LWDETRHead(24, neck=neck, **{**HEAD, "num_queries": 6, "dn_groups": 3, **kwargs}).train()
+
+
+TARGETS = [
+    BoxTargets(torch.tensor([[0.5, 0.5, 0.2, 0.3], [0.3, 0.3, 0.1, 0.1]]), torch.tensor([1, 2])),
+    BoxTargets(torch.tensor([[0.4, 0.6, 0.2, 0.2]]), torch.tensor([0])),
+]
+
+
+def run(model, images, sizes, targets=None):
+    vit, head = model
+    features = vit(images, sizes, intermediates=head.feature_indexes, norm_intermediates=True)
+    return head(features, targets)
+
+
+def test_matching_queries_do_not_see_the_denoising_ones():
+    """With denoising queries added in training, the matching queries' outputs (all groups)
+    and the two-stage proposals are those of the same head trained without them."""
+    model = dn_head()
+    images, sizes = torch.randn(2, 3, 48, 40), ImageSizes.of([(48, 40), (33, 40)])
+    with torch.no_grad():
+        plain = run(model, images, sizes)
+        denoised = run(model, images, sizes, TARGETS)
+    assert plain.dn is None and denoised.dn is not None
+    torch.testing.assert_close(denoised.logits, plain.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(denoised.boxes, plain.boxes, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(denoised.aux[0][1], plain.aux[0][1], rtol=1e-5, atol=1e-5)
+    # 3 groups x 2 targets at most: image 0's 2 targets in each group, image 1's 1 (and a padding query)
+    assert [q.tolist() for q, _ in denoised.dn.matches] == [[0, 1, 2, 3, 4, 5], [0, 2, 4]]
+    assert denoised.dn.layers[-1][0].shape == (2, 6, 3)
+
+
+def test_denoising_queries_without_noise_start_on_their_targets():
+    """Without noise, a fresh head's denoising queries predict their own targets (the box head
+    starts at zero offsets): no box loss; an image's queries do not depend on another image's
+    number of targets (padding denoising queries are seen by no one)."""
+    from vitdense.losses import IoUAwareBCELoss, SetCriterion
+
+    model = dn_head(dn_label_noise=0.0, dn_box_noise=0.0, dropout=0.0)
+    images, sizes = torch.randn(2, 3, 48, 40), ImageSizes.of([(48, 40), (33, 40)])
+    images[1, :, 33:] = 0  # padded as the collate pads
+    with torch.no_grad():
+        out = run(model, images, sizes, TARGETS)
+        losses = SetCriterion(3, class_loss=IoUAwareBCELoss())(out, TARGETS)
+        alone = run(model, images[1:, :, :33, :40], ImageSizes.of([(33, 40)]), TARGETS[1:])
+    assert losses.terms["loss_bbox_dn"] < 1e-5 and losses.terms["loss_giou_dn"] < 1e-4  # (fp32 rounding)
+    assert losses.terms["loss_bbox_dn_0"] < 1e-5 and losses.terms["loss_ce_dn"] > 0.01
+    queries = out.dn.matches[1][0]  # image 1: queries 0, 2, 4 padded in the batch, 0, 1, 2 alone
+    torch.testing.assert_close(out.dn.layers[-1][0][1, queries], alone.dn.layers[-1][0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.dn.layers[-1][1][1, queries], alone.dn.layers[-1][1][0], rtol=1e-4, atol=1e-4)
+
+
+def test_noise_moves_labels_and_boxes_within_their_bounds():
+    torch.manual_seed(0)
+    many = [BoxTargets(torch.tensor([[0.5, 0.5, 0.4, 0.2]]).repeat(200, 1), torch.zeros(200, dtype=torch.int64))]
+    noised = denoising_queries(many, 1, 4, label_noise=0.5, box_noise=1.0)
+    flipped = (noised.labels != 0).float().mean()
+    assert 0.3 < flipped < 0.45  # redrawn half the time, to another class 3 times in 4: 0.375
+    corners = box_convert(noised.boxes[0], "cxcywh", "xyxy")
+    assert (corners[:, 0] >= 0.1 - 1e-6).all() and (corners[:, 0] <= 0.5 + 1e-6).all()  # x1 = 0.3 +- 0.2
+    assert corners[:, 0].std() > 0.05
+
+
+def test_the_task_hands_the_targets_over_in_training_only():
+    from vitdense.losses import SetCriterion, SigmoidFocalLoss
+    from vitdense.tasks import BackboneConfig, DetectionTask
+    from vitdense.types import DetectedImages
+
+    neck = partial(MultiLevelProjector, feature_indexes=(0, 1), scale_factors=(1.0,), num_blocks=1)
+    settings = {k: v for k, v in HEAD.items() if k != "num_classes"}  # (the task gives it)
+    head = partial(LWDETRHead, neck=neck, **{**settings, "num_queries": 4, "dn_groups": 2})
+    task = DetectionTask(
+        num_classes=3,
+        head=head,
+        criterion=partial(SetCriterion, class_loss=SigmoidFocalLoss()),
+        backbone=BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8}),
+        selection="top_k",
+    )
+    batch = DetectedImages(torch.randn(2, 3, 40, 40), tuple(TARGETS), torch.arange(2), ImageSizes.full(2, (40, 40)))
+    trained = task.train().forward_batch(batch, "train")
+    assert trained.dn is not None and "loss_ce_dn" in task.compute_loss(trained, batch, "train").terms
+    assert task.eval().forward_batch(batch, "val").dn is None

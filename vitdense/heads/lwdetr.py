@@ -35,17 +35,18 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 from torch import nn
+from torchvision.ops import box_convert
 
 from vitdense.backbone import ViTFeatures
 from vitdense.heads.deformable import MSDeformAttn
 from vitdense.heads.detr import MLP, DETRDecoderLayer, inverse_sigmoid
 from vitdense.heads.pyramid import FeatureLevels, MultiLevelProjector
-from vitdense.types import DetectionOutput, ImageSizes
+from vitdense.types import BoxTargets, Denoising, DetectionOutput, ImageSizes
 
 #: `neck(embed_dim, out_dim)` -> module from `ViTFeatures` to `FeatureLevels`
 NeckFactory = Callable[[int, int], nn.Module]
@@ -96,6 +97,68 @@ def token_proposals(levels: FlatLevels, base_size: float = 0.05) -> tuple[torch.
         boxes.append(level_boxes)
         valid.append(inside & ~sizes.mask(device).flatten(1))
     return torch.cat(boxes, 1), torch.cat(valid, 1)
+
+
+class NoisedTargets(NamedTuple):
+    """Denoising queries of a batch: labels [B, D], boxes [B, D, 4] (cx, cy, w, h), valid
+    [B, D] (False on the padding of images with fewer targets), and per image the (query,
+    target) pairs."""
+
+    labels: torch.Tensor
+    boxes: torch.Tensor
+    valid: torch.Tensor
+    matches: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def denoising_queries(
+    targets: Sequence[BoxTargets], num_groups: int, num_classes: int, label_noise: float, box_noise: float
+) -> NoisedTargets:
+    """`num_groups` noised copies of every image's targets (DN-DETR / DINO's positive queries).
+
+    Group g of image b holds its n_b targets at queries g * n .. g * n + n_b - 1 (n: the
+    batch's largest count). A label is redrawn uniformly with probability `label_noise`;
+    each box corner moves uniformly within `box_noise` times half the box's width / height
+    (DINO's), the box clipped to the image and kept at least 1e-4 wide.
+    """
+    device = targets[0].boxes.device
+    b, n = len(targets), max(len(t.labels) for t in targets)
+    size = num_groups * n
+    labels = torch.zeros(b, size, dtype=torch.int64, device=device)
+    boxes = torch.full((b, size, 4), 0.5, device=device)
+    valid = torch.zeros(b, size, dtype=torch.bool, device=device)
+    matches = []
+    for i, t in enumerate(targets):
+        k = len(t.labels)
+        queries = (torch.arange(num_groups)[:, None] * n + torch.arange(k)[None]).flatten()
+        labels[i, queries] = t.labels.repeat(num_groups).to(device)
+        boxes[i, queries] = t.boxes.float().repeat(num_groups, 1).to(device)
+        valid[i, queries] = True
+        matches.append((queries, torch.arange(k).repeat(num_groups)))
+    flip = torch.rand(b, size, device=device) < label_noise
+    labels = torch.where(flip, torch.randint(num_classes, (b, size), device=device), labels)
+    corners = box_convert(boxes, "cxcywh", "xyxy")
+    half = boxes[..., 2:].repeat(1, 1, 2) / 2
+    corners = (corners + (torch.rand_like(corners) * 2 - 1) * half * box_noise).clamp(0, 1)
+    noised = box_convert(corners, "xyxy", "cxcywh")
+    noised = torch.cat([noised[..., :2], noised[..., 2:].clamp(min=1e-4)], -1)
+    return NoisedTargets(labels, torch.where(valid[..., None], noised, boxes), valid, matches)
+
+
+def denoising_mask(valid: torch.Tensor, dn_groups: int, groups: int, num_queries: int) -> torch.Tensor:
+    """Self-attention mask [B, D + G*Q, D + G*Q], True where a query may not look: the
+    matching queries see neither the denoising queries (they would learn the answers) nor
+    other matching groups; a denoising query sees its own denoising group and the matching
+    queries (DN-DETR); padding denoising queries are seen by no one."""
+    b, d = valid.shape
+    n = d + groups * num_queries
+    dn_group = torch.arange(d, device=valid.device) // (d // dn_groups)
+    match_group = torch.arange(groups * num_queries, device=valid.device) // num_queries
+    mask = torch.zeros(b, n, n, dtype=torch.bool, device=valid.device)
+    mask[:, d:, :d] = True
+    mask[:, d:, d:] = match_group[:, None] != match_group[None, :]
+    mask[:, :d, :d] = dn_group[:, None] != dn_group[None, :]
+    mask[:, :, :d] |= ~valid[:, None, :]
+    return mask
 
 
 class FlatLevels(NamedTuple):
@@ -153,15 +216,21 @@ class LWDETRDecoderLayer(DETRDecoderLayer):
         reference_points: torch.Tensor,
         levels: FlatLevels,
         num_groups: int,
+        self_attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """tgt, query_pos [B, G*Q, d]; reference_points [B, G*Q, L, 4] (boxes scaled by each
-        level's valid ratios); levels: the flattened memory -> [B, G*Q, d]."""
+        """tgt, query_pos [B, N, d] (N = G*Q, or with denoising queries D + G*Q);
+        reference_points [B, N, L, 4] (boxes scaled by each level's valid ratios); levels:
+        the flattened memory; self_attn_mask [B * heads, N, N] True where a query may not
+        look (with denoising queries), else the G groups run as separate batches -> [B, N, d]."""
         b = tgt.shape[0]
         q = k = tgt + query_pos
-        # the groups do not see each other: run them as G batches of Q queries (RF-DETR)
-        q, k, v = (torch.cat(x.chunk(num_groups, 1), 0) for x in (q, k, tgt))
-        attn = self.self_attn(q, k, v, need_weights=False)[0]
-        attn = torch.cat(attn.split(b, 0), 1)
+        if self_attn_mask is not None:
+            attn = self.self_attn(q, k, tgt, attn_mask=self_attn_mask, need_weights=False)[0]
+        else:
+            # the groups do not see each other: run them as G batches of Q queries (RF-DETR)
+            q, k, v = (torch.cat(x.chunk(num_groups, 1), 0) for x in (q, k, tgt))
+            attn = self.self_attn(q, k, v, need_weights=False)[0]
+            attn = torch.cat(attn.split(b, 0), 1)
         tgt = self.norm1(tgt + self.dropout(attn))
         attn = self.cross_attn(tgt + query_pos, reference_points, levels.memory, levels.spatial_shapes, levels.padding)
         return self.feed_forward(self.norm2(tgt + self.dropout(attn)))
@@ -192,6 +261,14 @@ class LWDETRHead(nn.Module):
             `lite_refpoint_refine=True`, its default).
         aux_loss: return every earlier layer's predictions for the auxiliary losses.
         prior_prob: the class bias's initial probability (focal-loss init; 0.01).
+        dn_groups: denoising groups in training (DN-DETR / DINO; 0: off, RF-DETR's): each
+            group holds every target once as a query whose content is its (noised) class's
+            embedding and whose reference is its noised box; they are supervised with their
+            known targets (`DetectionOutput.dn`), unseen by the matching queries.
+        dn_label_noise: probability that a denoising query's class is redrawn (DN-DETR's
+            label flipping; DINO: 0.5).
+        dn_box_noise: how far a denoising box's corners move, as a share of half its
+            width and height (DINO's box_noise_scale: 1.0; DN-DETR: 0.4).
     """
 
     def __init__(
@@ -213,8 +290,16 @@ class LWDETRHead(nn.Module):
         refine_references: bool = False,
         aux_loss: bool = True,
         prior_prob: float = 0.01,
+        dn_groups: int = 0,
+        dn_label_noise: float = 0.5,
+        dn_box_noise: float = 1.0,
     ) -> None:
         super().__init__()
+        if dn_groups < 0 or not 0 <= dn_label_noise <= 1 or not 0 <= dn_box_noise <= 1:
+            raise ValueError(
+                f"dn_groups={dn_groups}, dn_label_noise={dn_label_noise}, dn_box_noise={dn_box_noise}: expected "
+                "dn_groups >= 0 and noises in [0, 1]"
+            )
         if num_groups < 1 or num_queries < 1 or dec_layers < 1:
             raise ValueError(
                 f"num_groups={num_groups}, num_queries={num_queries}, dec_layers={dec_layers}: expected >= 1"
@@ -247,6 +332,9 @@ class LWDETRHead(nn.Module):
         if two_stage:
             self.enc_output = nn.ModuleList(nn.Linear(hidden_dim, hidden_dim) for _ in range(num_groups))
             self.enc_output_norm = nn.ModuleList(nn.LayerNorm(hidden_dim) for _ in range(num_groups))
+        self.dn_groups, self.dn_label_noise, self.dn_box_noise = dn_groups, dn_label_noise, dn_box_noise
+        if dn_groups:
+            self.label_embed = nn.Embedding(num_classes, hidden_dim)  # denoising queries' content
         self.reset_parameters(prior_prob)
 
     def reset_parameters(self, prior_prob: float) -> None:
@@ -267,14 +355,20 @@ class LWDETRHead(nn.Module):
             self.enc_out_class_embed = nn.ModuleList(copy.deepcopy(self.class_embed) for _ in range(self.num_groups))
             self.enc_out_bbox_embed = nn.ModuleList(copy.deepcopy(self.bbox_embed) for _ in range(self.num_groups))
 
-    def forward(self, features: ViTFeatures) -> DetectionOutput:
+    @property
+    def denoising(self) -> bool:
+        """Whether training needs the targets (denoising queries); the detector then passes them."""
+        return self.dn_groups > 0
+
+    def forward(self, features: ViTFeatures, targets: Sequence[BoxTargets] | None = None) -> DetectionOutput:
         """ViTFeatures (with the neck's intermediates) -> `DetectionOutput` with sigmoid
         logits [B, G*Q, K] and boxes [B, G*Q, 4] (cx, cy, w, h) in [0, 1] of each image, the
         earlier layers' in `aux` and the two-stage proposals' in `enc`; G is `num_groups` in
-        training and 1 in evaluation."""
-        return self.decode(self.neck(features))
+        training and 1 in evaluation. With denoising on, training also takes the targets and
+        returns the denoising queries' predictions in `dn`."""
+        return self.decode(self.neck(features), targets)
 
-    def decode(self, feature_levels: FeatureLevels) -> DetectionOutput:
+    def decode(self, feature_levels: FeatureLevels, targets: Sequence[BoxTargets] | None = None) -> DetectionOutput:
         """The decoder and heads over the neck's levels (see `forward`)."""
         levels = FlatLevels.of(feature_levels)
         b = levels.memory.shape[0]
@@ -289,13 +383,23 @@ class LWDETRHead(nn.Module):
             reference = refine_boxes(enc[1].detach(), learned, self.bbox_reparam)
         else:  # learned boxes, in inverse-sigmoid space (zero: a centred box of half the image)
             reference = learned.sigmoid()
+        noised = None
+        if self.training and self.dn_groups and targets is not None and any(len(t.labels) for t in targets):
+            noised = denoising_queries(
+                targets, self.dn_groups, self.num_classes, self.dn_label_noise, self.dn_box_noise
+            )
+            # the denoising queries go first: content from their class, reference their noised box
+            tgt = torch.cat([self.label_embed(noised.labels).to(tgt.dtype), tgt], 1)
+            reference = torch.cat([noised.boxes, reference], 1)
+            mask = denoising_mask(noised.valid, self.dn_groups, groups, self.num_queries)
+            mask = mask.repeat_interleave(self.decoder[0].self_attn.num_heads, 0)
         hidden, inputs = [], [reference]
         for i, layer in enumerate(self.decoder):
             scaled = reference[:, :, None] * torch.cat([levels.valid_ratios, levels.valid_ratios], -1)[:, None]
             # the query's position is its box in its own image (RF-DETR embeds the box scaled
             # to the padded map, which makes a query's position depend on the batch's padding)
             query_pos = self.ref_point_head(box_sine_embedding(reference, self.hidden_dim // 2).to(tgt.dtype))
-            tgt = layer(tgt, query_pos, scaled, levels, groups)
+            tgt = layer(tgt, query_pos, scaled, levels, groups, mask if noised is not None else None)
             hidden.append(self.decoder_norm(tgt))
             if self.refine_references and i < len(self.decoder) - 1:
                 with torch.autocast(tgt.device.type, enabled=False):
@@ -312,8 +416,13 @@ class LWDETRHead(nn.Module):
             boxes = torch.stack(
                 [refine_boxes(r, self.bbox_embed(h), self.bbox_reparam) for r, h in zip(inputs, hs, strict=True)]
             )
+        dn = None
+        if noised is not None:  # split the denoising queries off
+            d = noised.labels.shape[1]
+            dn = Denoising(tuple(zip(logits[:, :, :d], boxes[:, :, :d], strict=True)), noised.matches, self.dn_groups)
+            logits, boxes = logits[:, :, d:], boxes[:, :, d:]
         aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
-        return DetectionOutput(logits[-1], boxes[-1], aux, groups, enc=enc, sigmoid=True)
+        return DetectionOutput(logits[-1], boxes[-1], aux, groups, enc=enc, sigmoid=True, dn=dn)
 
     def select_proposals(self, levels: FlatLevels, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Two-stage query selection, per group: every valid token's proposal is scored and

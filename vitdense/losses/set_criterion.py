@@ -133,8 +133,9 @@ class SetCriterion(nn.Module):
 
     def forward(self, output: DetectionOutput, targets: Sequence[BoxTargets]) -> Losses:
         """Weighted terms of the last layer (`loss_ce`, `loss_bbox`, `loss_giou`), of each
-        earlier layer (`loss_ce_0`, ... for the first) and of the two-stage proposals
-        (`loss_ce_enc`, ...), and their sum as the total. Computed
+        earlier layer (`loss_ce_0`, ... for the first), of the two-stage proposals
+        (`loss_ce_enc`, ...) and of the denoising queries with their known targets
+        (`loss_ce_dn`, ... and `loss_ce_dn_0`, ...), and their sum as the total. Computed
         in fp32 whatever the autocast setting; the box count is synchronised across processes
         in training mode only (see the class docstring)."""
         self.check_logits(output)
@@ -152,5 +153,14 @@ class SetCriterion(nn.Module):
                 matches = self.matcher(logits, boxes, targets, output.num_groups, self.class_loss)
                 for name, value in self.layer_losses(logits, boxes, targets, matches, num_boxes).items():
                     terms[name + suffix] = self.weights[name] * value
+            if output.dn is not None:  # denoising queries: their targets are known, no matching
+                dn_boxes = num_boxes / output.num_groups * output.dn.num_groups
+                *earlier, last = output.dn.layers
+                dn_layers = [(*last, "_dn")]
+                if self.aux_loss:
+                    dn_layers += [(*layer, f"_dn_{i}") for i, layer in enumerate(earlier)]
+                for logits, boxes, suffix in dn_layers:
+                    for name, value in self.layer_losses(logits, boxes, targets, output.dn.matches, dn_boxes).items():
+                        terms[name + suffix] = self.weights[name] * value
             total = torch.stack(list(terms.values())).sum()
         return Losses(total, terms)

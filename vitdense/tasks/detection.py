@@ -127,6 +127,8 @@ class DetectionTask(BaseTask):
         return MetricCollection({"map": mean_ap})
 
     def forward_batch(self, batch: DetectedImages, stage: Stage) -> DetectionOutput:
+        if stage == "train":  # (a head with denoising queries builds them from the targets)
+            return self.model(batch.image, batch.image_sizes, targets=batch.targets)
         return self(batch.image, batch.image_sizes)
 
     def compute_loss(self, output: DetectionOutput, batch: DetectedImages, stage: Stage) -> Losses:
