@@ -19,7 +19,8 @@ BACKBONE = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={
 def tiny_models():
     from functools import partial
 
-    from vitdense.heads import DETRHead
+    from vitdense.heads import DETRHead, LWDETRHead, MultiLevelProjector
+    from vitdense.losses import SetCriterion, SigmoidFocalLoss
 
     probe = LinearProbeTask(num_classes=3, lrs=[0.1, 0.01], backbone=BACKBONE)
     probe.best_head.fill_(1)
@@ -29,6 +30,23 @@ def tiny_models():
         "probe": probe.model,
         "seg": SegmentationTask(num_classes=3, backbone=BACKBONE).model,
         "det": DetectionTask(num_classes=3, head=detr, backbone=BACKBONE).model,
+        "lwdetr": DetectionTask(
+            num_classes=3,
+            head=partial(
+                LWDETRHead,
+                neck=partial(MultiLevelProjector, feature_indexes=(0,), scale_factors=(2.0, 1.0), num_blocks=1),
+                hidden_dim=32,
+                num_queries=4,
+                num_groups=2,
+                num_heads=2,
+                num_cross_heads=2,
+                dim_feedforward=64,
+                dec_layers=2,
+            ),
+            criterion=partial(SetCriterion, class_loss=SigmoidFocalLoss()),
+            selection="top_k",
+            backbone=BACKBONE,
+        ).model,
     }
 
 
@@ -55,7 +73,7 @@ def exported(tmp_path_factory):
         model.eval()
         wrapper = exportable(model, MEAN, STD)
         traced = trace(wrapper, *SIZES[0])
-        names = ["boxes", "scores", "labels"] if task == "det" else ["out"]
+        names = ["boxes", "scores", "labels"] if task in ("det", "lwdetr") else ["out"]
         written = {}
         for fmt in ("onnx", "pt2"):
             path = folder / f"{task}.{fmt}"
@@ -75,7 +93,7 @@ def outputs_of(fmt: str, path, images: torch.Tensor) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("task", ["cls", "probe", "seg", "det"])
+@pytest.mark.parametrize("task", ["cls", "probe", "seg", "det", "lwdetr"])
 def test_the_exported_graph_equals_eager(exported, task, fmt):
     """At the export size always; at two more sizes where the graph stayed dynamic (the
     command checks that at another size and otherwise exports a fixed graph, saying why)."""
