@@ -111,16 +111,22 @@ class NoisedTargets(NamedTuple):
 
 
 def denoising_queries(
-    targets: Sequence[BoxTargets], num_groups: int, num_classes: int, label_noise: float, box_noise: float
+    targets: Sequence[BoxTargets],
+    num_groups: int,
+    num_classes: int,
+    label_noise: float,
+    box_noise: float,
+    device: torch.device | str | None = None,
 ) -> NoisedTargets:
     """`num_groups` noised copies of every image's targets (DN-DETR / DINO's positive queries).
 
     Group g of image b holds its n_b targets at queries g * n .. g * n + n_b - 1 (n: the
     batch's largest count). A label is redrawn uniformly with probability `label_noise`;
     each box corner moves uniformly within `box_noise` times half the box's width / height
-    (DINO's), the box clipped to the image and kept at least 1e-4 wide.
+    (DINO's), the box clipped to the image and kept at least 1e-4 wide. On `device` (the
+    model's; default the targets').
     """
-    device = targets[0].boxes.device
+    device = device or targets[0].boxes.device
     b, n = len(targets), max(len(t.labels) for t in targets)
     size = num_groups * n
     labels = torch.zeros(b, size, dtype=torch.int64, device=device)
@@ -386,7 +392,7 @@ class LWDETRHead(nn.Module):
         noised = None
         if self.training and self.dn_groups and targets is not None and any(len(t.labels) for t in targets):
             noised = denoising_queries(
-                targets, self.dn_groups, self.num_classes, self.dn_label_noise, self.dn_box_noise
+                targets, self.dn_groups, self.num_classes, self.dn_label_noise, self.dn_box_noise, tgt.device
             )
             # the denoising queries go first: content from their class, reference their noised box
             tgt = torch.cat([self.label_embed(noised.labels).to(tgt.dtype), tgt], 1)
