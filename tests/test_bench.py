@@ -28,6 +28,7 @@ def test_detection_heads_bench_prints_every_head(capsys):
     )
     out = capsys.readouterr().out
     rows = [line.rsplit(None, 3) for line in out.splitlines()[2:]]
-    assert [r[0] for r in rows] == ["detr+groups+boxrpb", "lwdetr P4 (RF-DETR-B)", "lwdetr P3-P5"]
+    names = ["detr (det_coco.yaml)", "detr+groups+boxrpb", "lwdetr P4 (RF-DETR-B)", "lwdetr P3-P5"]
+    assert [r[0] for r in rows] == names
     assert all(float(v) > 0 for r in rows for v in r[1:])
     assert float(rows[0][2]) == 1.0  # the ratio column is relative to the first head
