@@ -220,7 +220,10 @@ class Attention(nn.Module):
             k, v = torch.cat([prefix_kv[0], k], 2), torch.cat([prefix_kv[1], v], 2)
             keys = F.pad(keys, (p, 0), value=True)
         keys = keys | ~keys.any(1, keepdim=True)
-        out, _ = self.attend(q, k, v, keys[:, None, None, :])  # [B*nW, heads, wh*ww, dh]
+        # every key valid (no padding anywhere): no mask, so that SDPA may choose a kernel that
+        # takes none (flash attention on CUDA)
+        unpadded = attn_mask is None and ph == pw == 0
+        out, _ = self.attend(q, k, v, None if unpadded else keys[:, None, None, :])  # [B*nW, heads, wh*ww, dh]
         out = out.transpose(1, 2).reshape(b, nh, nw, wh, ww, d).permute(0, 1, 3, 2, 4, 5)
         out = out.reshape(b, nh * wh, nw * ww, d)[:, :h, :w].reshape(b, h * w, d)
         if p:

@@ -17,13 +17,22 @@ from typing import Any, Literal
 
 import albumentations as A
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.collate import pad_collate
 from vitdense.data.images import ImageFiles
-from vitdense.data.samplers import EpochSeededDataset, EvalSampler, TrainSampler, data_seed, resume_position
+from vitdense.data.samplers import (
+    EpochSeededDataset,
+    EvalSampler,
+    TrainLayout,
+    TrainSampler,
+    data_seed,
+    restart_epoch_at,
+    resume_position,
+)
 from vitdense.data.transforms import process_seed, resolve_normalization, seed_worker_transforms
 from vitdense.errors import DataError
 
@@ -36,23 +45,45 @@ class ResumableDataLoader(DataLoader):
     """A training `DataLoader` whose position Lightning saves in checkpoints and restores.
 
     `state_dict()` records (epoch, batches the training loop has completed in it), read
-    from the trainer through `position` — not from the loader itself, which has already
-    prefetched batches the loop has not used; `load_state_dict` makes the `TrainSampler`
-    skip the completed batches of that epoch.
+    from the trainer — not from the loader itself, which has already prefetched batches the
+    loop has not used — and the run's `TrainLayout` (batch size, processes, accumulation).
+    `load_state_dict` makes the `TrainSampler` skip the samples the epoch has consumed and
+    sets the loop's batch count to match, converted when this run has another batch size or
+    number of processes; when its global batch differs from the checkpoint's it warns and
+    says which `accumulate_grad_batches` keeps it.
     """
 
-    def __init__(self, *args: Any, position: Callable[[], tuple[int, int]] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, trainer: Callable[[], Any] | None = None, **kwargs: Any) -> None:
         # DataLoader's own arguments, forwarded (Lightning re-creates loaders from them)
         super().__init__(*args, **kwargs)
-        self.position = position
+        self.trainer = trainer  # the trainer whose loop consumes the batches (None: not resumable)
+
+    def layout(self, trainer: Any) -> TrainLayout:
+        return TrainLayout(self.batch_size, self.sampler.num_replicas, trainer.accumulate_grad_batches)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"train_position": list(self.position())} if self.position is not None else {}
+        if self.trainer is None:
+            return {}
+        trainer = self.trainer()
+        return {"train_position": list(resume_position(trainer)), "train_layout": asdict(self.layout(trainer))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "train_position" in state_dict and isinstance(self.sampler, TrainSampler):
-            epoch, batches = state_dict["train_position"]
+        if "train_position" not in state_dict or not isinstance(self.sampler, TrainSampler):
+            return
+        epoch, batches = state_dict["train_position"]
+        if self.trainer is None or "train_layout" not in state_dict:  # written before layouts were recorded
             self.sampler.resume(epoch, batches * self.batch_size)
+            return
+        trainer = self.trainer()
+        saved, now = TrainLayout(**state_dict["train_layout"]), self.layout(trainer)
+        if saved.global_batch != now.global_batch:
+            rank_zero_warn(
+                f"resuming a run whose global batch was {saved} with a global batch of {now}: the learning "
+                f"rate and the schedule's steps were set for the former; {now.keeping(saved)}"
+            )
+        done = now.resumed_from(saved, epoch, batches)
+        self.sampler.resume(epoch, done * self.batch_size)
+        restart_epoch_at(trainer, done)
 
 
 def require_positive(**settings: int | float | list | tuple | None) -> None:
@@ -114,7 +145,7 @@ def image_dataloader(
     loader: LoaderConfig,
     train: bool,
     collate_fn: Callable | None = None,
-    position: Callable[[], tuple[int, int]] | None = None,
+    trainer: Callable[[], Any] | None = None,
 ) -> DataLoader:
     """Loader of image batches (`pad_collate` by default) as `loader` says, in a resumable,
     process-aware order.
@@ -122,8 +153,9 @@ def image_dataloader(
     Training shuffles with a `TrainSampler` (seeded per epoch, sharded across processes,
     each sample's augmentation seeded from (seed, epoch, index)) and drops the last partial
     batch: every step has a full batch (Mixup pairs samples, stable loss scale). With
-    `position` (the trainer's (epoch, completed batches)), checkpoints record where the
-    epoch is and a resumed run continues from the next batch (`ResumableDataLoader`).
+    `trainer` (a function returning the trainer that runs the loop), checkpoints record
+    where the epoch is and a resumed run continues from the next batch, on any number of
+    processes (`ResumableDataLoader`).
     Evaluation keeps every sample once across processes (`EvalSampler`). The loader's own
     generator keeps data loading off the global RNG, which dropout and Mixup draw from.
     """
@@ -140,7 +172,7 @@ def image_dataloader(
     )
     if train:
         sampler = TrainSampler(dataset, seed)
-        return ResumableDataLoader(EpochSeededDataset(dataset, seed), sampler=sampler, position=position, **common)
+        return ResumableDataLoader(EpochSeededDataset(dataset, seed), sampler=sampler, trainer=trainer, **common)
     return DataLoader(dataset, sampler=EvalSampler(dataset), **common)
 
 
@@ -323,8 +355,8 @@ class ImageDataModule(L.LightningDataModule):
         if self.loader.on_bad_sample == "skip":
             dataset = self._skipping[split] = SkipBadSamples(dataset)
             collate = partial(skip_collate, collate=collate)
-        position = (lambda: resume_position(self.trainer)) if train else None
-        return image_dataloader(dataset, self.loader, train, collate, position)
+        trainer = (lambda: self.trainer) if train else None
+        return image_dataloader(dataset, self.loader, train, collate, trainer)
 
     def take_skipped(self, stage: str) -> int:
         """Bad samples skipped in `stage` ("train", "val", "test", "predict") since the last

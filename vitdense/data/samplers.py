@@ -6,7 +6,9 @@ Training: `TrainSampler` draws each epoch's permutation from its own generator s
 `EpochSeededDataset` can seed each sample's augmentation from (seed, epoch, index): the
 same draws whichever process or worker loads it, and after a resume. A resumed run skips
 the samples its epoch had already consumed (`resume`), so it continues exactly where the
-killed run was.
+killed run was, also on another number of processes or with another batch size
+(`TrainLayout`): process r of W takes the permutation's positions r, r + W, ..., so the
+first n steps of any layout consume the same samples, the first n x global batch.
 
 Evaluation: `EvalSampler` splits the dataset across processes without repeating samples
 (torch's sampler pads the shards by repeating some, which dataset-level metrics would count
@@ -18,11 +20,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import albumentations as A
 import torch
 from torch.utils.data import Dataset, DistributedSampler
+
+from vitdense.errors import ConfigError
 
 
 def world(num_replicas: int | None = None, rank: int | None = None) -> dict[str, int]:
@@ -123,3 +128,62 @@ def resume_position(trainer: Any) -> tuple[int, int]:
         trainer.fit_loop.epoch_progress.current.processed,
         trainer.fit_loop.epoch_loop.batch_progress.current.processed,
     )
+
+
+def restart_epoch_at(trainer: Any, batches: int) -> None:
+    """Make a trainer restored from a checkpoint count `batches` of its epoch as done (the
+    checkpoint's count converted to this run's batches): accumulation, validation intervals
+    and the epoch's end count from it."""
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    # shift every counter alike: Lightning's restart logic reads their differences (a checkpoint
+    # written in on_train_batch_end has `completed` one behind `processed`)
+    shift = batches - current.processed
+    current.ready, current.started = current.ready + shift, current.started + shift
+    current.processed, current.completed = current.processed + shift, current.completed + shift
+
+
+@dataclass(frozen=True)
+class TrainLayout:
+    """How a training run splits its global batch: `batch_size` images per process and step,
+    `num_replicas` processes, `accumulate` steps of gradient accumulation per optimizer step."""
+
+    batch_size: int
+    num_replicas: int
+    accumulate: int = 1
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.num_replicas * self.accumulate
+
+    def __str__(self) -> str:
+        return (
+            f"{self.global_batch} (batch_size {self.batch_size} x {self.num_replicas} processes"
+            f" x accumulate_grad_batches {self.accumulate})"
+        )
+
+    def resumed_from(self, saved: TrainLayout, epoch: int, batches: int) -> int:
+        """Batches of `epoch` this layout has done, given that a run in the `saved` layout
+        had done `batches` (per process) of it: the same samples, the first `batches` x
+        `saved.batch_size` x `saved.num_replicas` of the epoch's permutation (every layout
+        deals them out to its processes in turn: `TrainSampler`)."""
+        samples = batches * saved.batch_size * saved.num_replicas
+        per_batch = self.batch_size * self.num_replicas
+        if samples % per_batch:
+            raise ConfigError(
+                f"the checkpoint stopped {samples} samples into epoch {epoch} ({batches} batches of "
+                f"{saved.batch_size} on {saved.num_replicas} processes), which is not a whole number of this "
+                f"run's batches of {self.batch_size} on {self.num_replicas} processes: choose a "
+                "data.init_args.loader.batch_size x processes that divides it, or resume from a checkpoint "
+                "saved at the end of an epoch"
+            )
+        return samples // per_batch
+
+    def keeping(self, saved: TrainLayout) -> str:
+        """What to pass to keep `saved`'s global batch with this layout's batch and processes."""
+        per_step = self.batch_size * self.num_replicas
+        if saved.global_batch % per_step:
+            return (
+                f"no accumulate_grad_batches gives {saved.global_batch} from {per_step} images per step: "
+                "change data.init_args.loader.batch_size or the number of processes"
+            )
+        return f"--trainer.accumulate_grad_batches {saved.global_batch // per_step} keeps it"

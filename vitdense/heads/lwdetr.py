@@ -248,9 +248,10 @@ class LWDETRHead(nn.Module):
     Args:
         embed_dim: D of the backbone.
         num_classes: K object classes (sigmoid scores; no "no object" class).
-        neck: `neck(embed_dim, hidden_dim)` -> levels (`MultiLevelProjector`: RF-DETR's,
-            `SimpleFeaturePyramid`: ViTDet's); it names the backbone blocks it reads
-            (`feature_indexes`), which the detector asks the backbone for.
+        neck: `neck(embed_dim, hidden_dim)` -> levels (None: `MultiLevelProjector`, RF-DETR's
+            P4; `SimpleFeaturePyramid`: ViTDet's); it names the backbone blocks it reads
+            (`feature_indexes`), which the detector asks the backbone for. (None, not the
+            class, as the default: see `DetectionTask`'s head.)
         hidden_dim: decoder width d (RF-DETR: 256).
         num_queries: Q object queries per group (RF-DETR: 300).
         num_groups: Group DETR groups in training (RF-DETR: 13); 1 at inference.
@@ -281,7 +282,7 @@ class LWDETRHead(nn.Module):
         self,
         embed_dim: int,
         num_classes: int,
-        neck: NeckFactory = MultiLevelProjector,
+        neck: NeckFactory | None = None,
         hidden_dim: int = 256,
         num_queries: int = 300,
         num_groups: int = 13,
@@ -320,7 +321,7 @@ class LWDETRHead(nn.Module):
         self.bbox_reparam = bbox_reparam
         self.refine_references = refine_references
         self.aux_loss = aux_loss
-        self.neck = neck(embed_dim, hidden_dim)
+        self.neck = (neck or MultiLevelProjector)(embed_dim, hidden_dim)
         self.feature_indexes = tuple(getattr(self.neck, "feature_indexes", ()))
         num_levels = self.neck.num_levels
         self.decoder = nn.ModuleList(

@@ -73,10 +73,13 @@ class DetectionTask(BaseTask):
         num_classes: K object classes, without "no object" (linked from the DataModule).
         class_names: names of the K classes (linked from the DataModule).
         head: `head(embed_dim, num_classes)` -> module from `ViTFeatures` to a
-            `DetectionOutput`; default `DETRHead` with DETR's settings; `LWDETRHead` for
-            LW-DETR / RF-DETR's (with a sigmoid `class_loss` in the criterion).
+            `DetectionOutput`; None: `DETRHead` with DETR's settings; `LWDETRHead` for
+            LW-DETR / RF-DETR's (with a sigmoid `class_loss` in the criterion). (None
+            rather than the class as the default: jsonargparse hands a class chosen in YAML
+            every argument of the default class's that it also takes, e.g. DETRHead's
+            dropout 0.1 to LWDETRHead, whose own default is 0; jsonargparse issue #460.)
         criterion: `criterion(num_classes)` -> module from (output, targets) to `Losses`;
-            default `SetCriterion` with DETR's matcher costs and loss weights.
+            None: `SetCriterion` with DETR's matcher costs and loss weights.
         selection: how detections are read from the queries: `"per_query"` (DETR's: each
             query's most probable real class, all Q queries kept; AP comparable with DETR's
             tables) or `"top_k"` (the `top_k` best (query, class) pairs per image, as
@@ -92,8 +95,8 @@ class DetectionTask(BaseTask):
         self,
         num_classes: int,
         class_names: list[str] | None = None,
-        head: HeadFactory = DETRHead,
-        criterion: CriterionFactory = SetCriterion,
+        head: HeadFactory | None = None,
+        criterion: CriterionFactory | None = None,
         selection: Selection = "per_query",
         top_k: int = 100,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
@@ -105,7 +108,7 @@ class DetectionTask(BaseTask):
         self._selection, self._top_k = selection, top_k
         super().__init__(
             num_classes=num_classes,
-            head=head,
+            head=head or DETRHead,
             class_names=class_names,
             backbone=backbone,
             optimizer=optimizer,
@@ -114,7 +117,7 @@ class DetectionTask(BaseTask):
         )
         # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
         self.hparams.pop("criterion", None)
-        self.criterion = criterion(num_classes)
+        self.criterion = (criterion or SetCriterion)(num_classes)
 
     def build_model(self, backbone: VisionTransformer, head: nn.Module) -> DETRDetector:
         return DETRDetector(backbone, head, self._selection, self._top_k)
