@@ -80,7 +80,7 @@ def run(commands: list[list[str]], cwd: Path) -> None:
     logs = [cwd / f"node{i}.log" for i in range(len(commands))]
     procs = [
         subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-        for cmd, log in zip(commands, logs)
+        for cmd, log in zip(commands, logs, strict=True)
     ]
     try:
         for p in procs:
@@ -173,9 +173,7 @@ def test_two_nodes_train_the_weights_of_one_process_detection(tmp_path):
     # patches of 4: two-stage selection needs num_queries tokens in the smallest resized image
     single = write_config(tmp_path / "single", "det_lwdetr", model, data, patch_size=4)
     nodes = write_config(tmp_path / "nodes", "det_lwdetr", model, data, patch_size=4)
-    reference = subprocess.Popen(
-        fit(single), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    reference = subprocess.Popen(fit(single), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     two_nodes(nodes)
     _, err = reference.communicate(timeout=TIMEOUT)
     assert reference.returncode == 0, err.decode()[-3000:]

@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import albumentations as A
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_warn
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from vitdense.data.collate import pad_collate
