@@ -32,3 +32,16 @@ def test_detection_heads_bench_prints_every_head(capsys):
     assert [r[0] for r in rows] == names
     assert all(float(v) > 0 for r in rows for v in r[1:])
     assert float(rows[0][2]) == 1.0  # the ratio column is relative to the first head
+
+
+def test_eval_bench_gives_every_way_the_same_ap(capsys):
+    main("eval --images 20 --detections 20 --classes 5 --backends pycocotools".split())
+    out = capsys.readouterr().out
+    rows = [line.rsplit(None, 3) for line in out.splitlines()[2:]]
+    assert [r[0] for r in rows] == [
+        "COCOeval (pycocotools), no per-class",
+        "torchmetrics (pycocotools)",
+        "vitdense DetectionMeanAP (pycocotools)",
+    ]
+    aps = {float(r[3]) for r in rows}
+    assert len(aps) == 1 and 0 < aps.pop() < 1  # one AP, and one with something to compare

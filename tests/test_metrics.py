@@ -111,12 +111,15 @@ def grid_coco(rng: np.random.Generator) -> tuple[dict, list[dict]]:
     return gt, results
 
 
-def coco_stats(tmp_path, gt: dict, results: list[dict]) -> np.ndarray:
-    """pycocotools' COCOeval, run as COCO's own scripts do: the files written, loadRes."""
+def coco_stats(tmp_path, gt: dict, results: list[dict], category: int | None = None) -> np.ndarray:
+    """pycocotools' COCOeval, run as COCO's own scripts do: the files written, loadRes; with
+    `category`, of that category alone (`params.catIds`)."""
     (tmp_path / "gt.json").write_text(json.dumps(gt))
     (tmp_path / "dt.json").write_text(json.dumps(results))
     coco = COCO(str(tmp_path / "gt.json"))
     evaluator = COCOeval(coco, coco.loadRes(str(tmp_path / "dt.json")), "bbox")
+    if category is not None:
+        evaluator.params.catIds = [category]
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()
@@ -167,3 +170,10 @@ def test_map_equals_cocoeval_when_recalls_hit_the_grid(tmp_path, backend):
     # torchmetrics returns float32: each number is COCOeval's, rounded to float32 (no more than that)
     diff = dict(zip(keys, got - reference, strict=True))
     np.testing.assert_array_equal(got, reference.astype(np.float32), err_msg=str(diff))
+    # per class, read from the one run's arrays: COCOeval run for that category alone
+    assert ours["classes"].tolist() == [2, 7, 13]
+    for i, category in enumerate((2, 7, 13)):
+        alone = coco_stats(tmp_path, gt, results, category)
+        assert ours["map_per_class"][i].item() == np.float32(alone[0]), category
+        assert ours["mar_100_per_class"][i].item() == np.float32(alone[8]), category
+    assert "precision" not in ours  # the arrays it read are not handed on unless asked

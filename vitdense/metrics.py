@@ -163,6 +163,34 @@ class DetectionMeanAP(MeanAveragePrecision):
             **kwargs,
         )
 
+    def compute(self) -> dict[str, torch.Tensor]:
+        """torchmetrics' figures; with `class_metrics`, the per-class AP and AR@max are read
+        from the one COCOeval run's precision and recall arrays, as COCOeval's `summarize`
+        reads them for one category, where torchmetrics runs COCOeval again for every class
+        (most of the time on sets with many classes). The same numbers (tested): COCOeval
+        evaluates each (image, category) pair on its own, so one category's entries do not
+        depend on the others'."""
+        if not self.class_metrics or self.average != "macro" or len(self.iou_type) != 1:
+            return super().compute()
+        extended = self.extended_summary
+        self.class_metrics, self.extended_summary = False, True
+        try:
+            result = super().compute()
+        finally:
+            self.class_metrics, self.extended_summary = True, extended
+        mar_key = f"mar_{self.max_detection_thresholds[-1]}_per_class"
+        if "precision" in result:
+            precision, recall = result["precision"], result["recall"]  # [T, R, K, A, M], [T, K, A, M]
+            # area "all" (index 0) at the largest max-detections (last), as summarize's stats[0] and [8]
+            result["map_per_class"] = _mean_of_valid(precision[:, :, :, 0, -1].flatten(0, 1))
+            result[mar_key] = _mean_of_valid(recall[:, :, 0, -1])
+        else:  # no image or no detection: torchmetrics' -1
+            result["map_per_class"] = result[mar_key] = torch.tensor([-1.0])
+        if not extended:
+            for key in ("ious", "precision", "recall", "scores"):
+                result.pop(key, None)
+        return result
+
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
         group = process_group or self.process_group
         world = dist.get_world_size(group)
@@ -171,3 +199,12 @@ class DetectionMeanAP(MeanAveragePrecision):
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, local, group=group)
             setattr(self, attr, [t.to(self.device) for part in gathered for t in part])
+
+
+def _mean_of_valid(values: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [K] float32: the mean over N of the entries > -1 per column (COCOeval's "no
+    ground truth" marker), -1 where a column has none, as COCOeval's `summarize`."""
+    valid = values > -1
+    total = torch.where(valid, values, 0).double().sum(0)
+    count = valid.sum(0)
+    return torch.where(count > 0, total / count.clamp(min=1), -1.0).float()

@@ -125,7 +125,8 @@ def test_no_pictures_when_turned_off_or_without_a_logger(tmp_path):
 
 
 def test_images_per_second_is_images_over_wall_time(monkeypatch):
-    clock = iter([10.0, 13.0, 14.0])  # first batch starts at 10 s; windows end at 13 and 14 s
+    # batch (start, end) times: (10, 11), (12, 13) | (13.5, 13.8), (13.9, 14): windows end at 13 and 14 s
+    clock = iter([10.0, 11.0, 12.0, 13.0, 13.5, 13.8, 13.9, 14.0])
     monkeypatch.setattr("vitdense.viz.callbacks.time.perf_counter", lambda: next(clock))
     logged = []
 
@@ -142,7 +143,10 @@ def test_images_per_second_is_images_over_wall_time(monkeypatch):
     for i in range(4):
         callback.on_train_batch_start(trainer, module, Batch(), i)
         callback.on_train_batch_end(trainer, module, None, Batch(), i)
-    assert logged == [("train/images_per_sec", 12 / 3.0), ("train/images_per_sec", 12 / 1.0)]
+    # waiting: 12 - 11 of the first window's 3 s; 13.5 - 13 and 13.9 - 13.8 of the second's 1 s
+    assert logged[0::2] == [("train/images_per_sec", 12 / 3.0), ("train/images_per_sec", 12 / 1.0)]
+    assert [name for name, _ in logged[1::2]] == ["train/data_wait"] * 2
+    assert [value for _, value in logged[1::2]] == pytest.approx([1 / 3, 0.6])
 
 
 def test_classification_grid_is_green_where_right_and_red_where_wrong():

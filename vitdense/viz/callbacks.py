@@ -131,11 +131,16 @@ def batch_size(batch: Any) -> int:
 
 class ImagesPerSecond(L.Callback):
     """Log `train/images_per_sec`: images trained per second, summed over processes, over
-    the last `every_n_steps` batches (data loading included; reset at each epoch start).
+    the last `every_n_steps` batches (data loading included; reset at each epoch start), and
+    `train/data_wait`: the fraction of that time spent between one batch's end and the next
+    one's start — waiting for the loader (and Lightning's bookkeeping), averaged over
+    processes. Near 0 the model sets the pace; well above it, more loader workers would
+    help. (On a GPU the step's kernels run asynchronously, so a step that has not finished
+    may be counted as waiting for the next batch.)
 
     Lightning's `ThroughputMonitor` does this and more (FLOPs, MFU), but logs five series
-    per step and synchronises the GPU after every batch; this logs one figure at Lightning's
-    logging interval, with no synchronisation but the sum over processes.
+    per step and synchronises the GPU after every batch; this logs two figures at Lightning's
+    logging interval, with no synchronisation but the reduction over processes.
 
     Args:
         every_n_steps: batches per figure (None: the trainer's `log_every_n_steps`).
@@ -144,28 +149,35 @@ class ImagesPerSecond(L.Callback):
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps
         self._start: float | None = None
+        self._last_end: float | None = None
         self._images = 0
         self._batches = 0
+        self._waiting = 0.0
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._start = None
+        self._start = self._last_end = None
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        now = time.perf_counter()
         if self._start is None:
-            self._start, self._images, self._batches = time.perf_counter(), 0, 0
+            self._start, self._images, self._batches, self._waiting = now, 0, 0, 0.0
+        elif self._last_end is not None:
+            self._waiting += now - self._last_end
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if batch is None or self._start is None:
             return
+        now = self._last_end = time.perf_counter()
         self._images += batch_size(batch)
         self._batches += 1
         if self._batches >= (self.every_n_steps or trainer.log_every_n_steps):
-            now = time.perf_counter()
-            rate = self._images / max(now - self._start, 1e-9)
-            pl_module.log("train/images_per_sec", rate, on_step=True, on_epoch=False, reduce_fx="sum", sync_dist=True)
+            elapsed = max(now - self._start, 1e-9)
+            log = dict(on_step=True, on_epoch=False, sync_dist=True)
+            pl_module.log("train/images_per_sec", self._images / elapsed, reduce_fx="sum", **log)
+            pl_module.log("train/data_wait", self._waiting / elapsed, reduce_fx="mean", **log)
             # the next window starts now, so it counts the loading of its first batch too
-            self._start, self._images, self._batches = now, 0, 0
+            self._start, self._images, self._batches, self._waiting = now, 0, 0, 0.0
