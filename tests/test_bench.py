@@ -1,5 +1,8 @@
 """The benchmark command runs end to end and prints both models and their ratio (no timing asserted)."""
 
+import pytest
+import torch
+
 from vitdense.bench import main
 
 
@@ -45,3 +48,34 @@ def test_eval_bench_gives_every_way_the_same_ap(capsys):
     ]
     aps = {float(r[3]) for r in rows}
     assert len(aps) == 1 and 0 < aps.pop() < 1  # one AP, and one with something to compare
+
+
+@pytest.mark.parametrize("task", ["seg", "det"])
+def test_train_step_bench_prints_the_ratio_to_the_peer_design(capsys, task):
+    main(f"train-step --task {task} --model vit_tiny_patch16_224 --img-size 32 --iters 1 --warmup 0".split())
+    out = capsys.readouterr().out.splitlines()
+    rows = {line[:18].strip(): [float(v) for v in line[18:].split()] for line in out[2:]}
+    peer = {"seg": "Segmenter design", "det": "DETR design"}[task]
+    assert list(rows) == ["vitdense", peer, "ratio"]
+    assert all(v > 0 for row in rows.values() for v in row)
+    assert rows["ratio"][0] == pytest.approx(rows["vitdense"][0] / rows[peer][0], rel=1e-2)
+
+
+def test_detr_peer_loss_is_vitdenses_criterion():
+    """The DETR design the bench times computes the loss vitdense's criterion does (itself
+    equal to DETR's), so the two sides do the same work."""
+    import timm
+
+    from vitdense.bench_peers import DETRPeer
+    from vitdense.losses import SetCriterion
+    from vitdense.types import BoxTargets, DetectionOutput
+
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32, depth=1)
+    peer = DETRPeer(vit, num_classes=3, num_queries=6, d=32, layers=1, heads=2, ffn=64)
+    logits, boxes = torch.randn(2, 6, 4), torch.rand(2, 6, 4) * 0.5 + 0.2
+    targets = [(torch.rand(n, 4) * 0.4 + 0.3, torch.randint(3, (n,))) for n in (2, 3)]
+    expected = SetCriterion(num_classes=3, aux_loss=False)(
+        DetectionOutput(logits, boxes), [BoxTargets(b, labels) for b, labels in targets]
+    ).total
+    assert peer.loss(logits, boxes, targets, num_boxes=5).item() == pytest.approx(expected.item(), rel=1e-5)

@@ -4,6 +4,7 @@
     python -m vitdense.bench export --model vit_small_patch16_224 --img-size 224
     python -m vitdense.bench det-heads --model vit_small_patch16_224 --img-size 640 --batch-size 2
     python -m vitdense.bench eval --images 5000
+    python -m vitdense.bench train-step --task seg --model vit_small_patch16_224 --img-size 512
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -16,6 +17,11 @@ no allocator statistics, it is the size of the activations autograd saves for ba
 `det-heads` times a detection training step (forward, the task's loss, backward) of each
 detection head on the same backbone at a COCO-like size, alternating the heads every round:
 median ms, saved-activation MB (CPU) or peak MB (CUDA), and the ratio to the first head.
+
+`train-step` times a task's training step (forward, loss, backward) against the design a
+user would otherwise run (`vitdense.bench_peers`: timm for classification, Segmenter's for
+segmentation, DETR's for detection), the same backbone weights and inputs, alternating:
+median images/s, memory, and vitdense / peer.
 
 `eval` times COCO's AP with per-class figures on a synthetic set (5,000 images, 100
 detections each, 80 classes): COCOeval run directly (all classes at once), torchmetrics'
@@ -39,6 +45,7 @@ from pathlib import Path
 
 import timm
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vitdense.backbone import create_backbone
@@ -306,6 +313,111 @@ def print_det_heads(args: argparse.Namespace, results: dict[str, tuple[float, fl
         print(f"{name:24}{ms:10.0f}{ms / first:10.2f}{mb:16.0f}")
 
 
+def train_step_pair(
+    args: argparse.Namespace,
+) -> tuple[dict[str, Callable[[], torch.Tensor]], dict[str, nn.Module]]:
+    """({"vitdense": loss_fn, peer name: loss_fn}, the models by those names): one training
+    batch's loss for `args.task`, from vitdense's task (its forward_batch and compute_loss,
+    as `fit` runs them) and from the design a user would otherwise run
+    (`vitdense.bench_peers`), their backbones with the same weights."""
+    from vitdense.bench_peers import DETRPeer, SegmenterPeer
+    from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
+    from vitdense.types import BoxTargets, DetectedImages, ImageSizes, LabeledImages, SegmentedImages
+
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    b, size, k = args.batch_size, args.img_size, args.num_classes
+    timm_vit = timm.create_model(
+        args.model, pretrained=False, num_classes=k if args.task == "cls" else 0, img_size=size
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "weights.pth"
+        torch.save(timm_vit.state_dict(), path)
+        backbone = BackboneConfig(name=args.model, img_size=size, checkpoint=str(path))
+        if args.task == "cls":
+            task = ClassificationTask(num_classes=k, backbone=backbone)
+        elif args.task == "seg":
+            task = SegmentationTask(num_classes=k, backbone=backbone)
+        else:
+            task = DetectionTask(num_classes=k, backbone=backbone)
+    task, sizes = task.to(device).train(), ImageSizes.full(b, (size, size))
+    x = torch.randn(b, 3, size, size, device=device)
+    g = torch.Generator().manual_seed(0)
+    if args.task == "cls":
+        batch = LabeledImages(x, torch.randint(k, (b,), generator=g).to(device), image_sizes=sizes)
+        peer_name, peer = "timm", timm_vit.to(device).train()
+        peer_loss = partial(lambda m: F.cross_entropy(m(x), batch.label), peer)
+    elif args.task == "seg":
+        masks = torch.randint(k, (b, size, size), generator=g).to(device)
+        batch = SegmentedImages(x, masks, image_sizes=sizes, mask_sizes=sizes)
+        peer_name, peer = "Segmenter design", SegmenterPeer(timm_vit, k).to(device).train()
+        peer_loss = partial(peer.step, x, masks)
+    else:
+        targets = []
+        for _ in range(b):  # 7 objects per image, COCO's mean
+            centre = torch.rand(7, 2, generator=g) * 0.6 + 0.2
+            boxes = torch.cat([centre, torch.rand(7, 2, generator=g) * 0.3 + 0.05], 1)
+            targets.append(BoxTargets(boxes.to(device), torch.randint(k, (7,), generator=g).to(device)))
+        batch = DetectedImages(x, tuple(targets), image_sizes=sizes)
+        peer_name, peer = "DETR design", DETRPeer(timm_vit, k).to(device).train()
+        peer_loss = partial(peer.step, x, [(t.boxes, t.labels) for t in targets])
+    models = {"vitdense": task, peer_name: peer}
+
+    def ours() -> torch.Tensor:
+        return task.compute_loss(task.forward_batch(batch, "train"), batch, "train").total
+
+    return {"vitdense": ours, peer_name: peer_loss}, models
+
+
+def bench_train_step(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Median images/s of a training step (forward, loss, backward) and its memory, vitdense
+    vs the peer design, alternating every round."""
+    device = torch.device(args.device)
+    losses, models = train_step_pair(args)
+
+    def train(name: str) -> None:
+        with _autocast(device, args.precision):
+            loss = losses[name]()
+        loss.backward()
+        models[name].zero_grad(set_to_none=True)
+
+    results: dict[str, dict[str, float]] = {name: {} for name in losses}
+    for name in losses:
+        for _ in range(args.warmup):
+            train(name)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            train(name)
+            results[name]["mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        else:
+            with _autocast(device, args.precision):
+                results[name]["mem_mb"] = _saved_activation_bytes(losses[name]) / 2**20
+            models[name].zero_grad(set_to_none=True)
+    times: dict[str, list[float]] = {name: [] for name in losses}
+    order = list(losses)
+    for step in range(args.iters):
+        for name in order if step % 2 == 0 else order[::-1]:
+            times[name].append(_time(lambda n=name: train(n), device))
+    for name, ts in times.items():
+        results[name]["img_s"] = args.batch_size / statistics.median(ts)
+    return results
+
+
+def print_train_step(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
+    where = cpu_kind() if args.device == "cpu" else torch.cuda.get_device_name(args.device)
+    print(
+        f"{args.task} training step, {args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, "
+        f"{args.num_classes} classes, {args.precision}, on {where} ({torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}, timm {timm.__version__}), median of {args.iters} alternating rounds"
+    )
+    mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
+    print(f"{'':18}{'img/s':>10}{mem_label:>16}")
+    for name, row in results.items():
+        print(f"{name:18}{row['img_s']:10.2f}{row['mem_mb']:16.0f}")
+    ours, peer = results["vitdense"], next(v for k, v in results.items() if k != "vitdense")
+    print(f"{'ratio':18}{ours['img_s'] / peer['img_s']:10.3f}{ours['mem_mb'] / peer['mem_mb']:16.3f}")
+
+
 def synthetic_detections(
     num_images: int, num_classes: int, detections: int, seed: int = 0
 ) -> tuple[list[dict], list[dict]]:
@@ -446,6 +558,16 @@ def main(argv: list[str] | None = None) -> None:
     dh.add_argument("--iters", type=int, default=5, help="timed rounds per head")
     dh.add_argument("--warmup", type=int, default=1)
     dh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ts = sub.add_parser("train-step", help="a task's training step vs the design a user would otherwise run")
+    ts.add_argument("--task", choices=["cls", "seg", "det"], required=True)
+    ts.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    ts.add_argument("--img-size", type=int, default=None, help="default: cls 224, seg 512, det 512")
+    ts.add_argument("--batch-size", type=int, default=2)
+    ts.add_argument("--num-classes", type=int, default=None, help="default: cls 1000, seg 150, det 80")
+    ts.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    ts.add_argument("--iters", type=int, default=6, help="timed rounds per model")
+    ts.add_argument("--warmup", type=int, default=1)
+    ts.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ev = sub.add_parser("eval", help="COCO AP with per-class figures: vitdense vs torchmetrics vs COCOeval directly")
     ev.add_argument("--images", type=int, default=5000)
     ev.add_argument("--detections", type=int, default=100, help="detections per image")
@@ -458,6 +580,11 @@ def main(argv: list[str] | None = None) -> None:
         print_export(args, bench_export(args))
     elif args.command == "det-heads":
         print_det_heads(args, bench_det_heads(args))
+    elif args.command == "train-step":
+        defaults = {"cls": (224, 1000), "seg": (512, 150), "det": (512, 80)}[args.task]
+        args.img_size = args.img_size or defaults[0]
+        args.num_classes = args.num_classes or defaults[1]
+        print_train_step(args, bench_train_step(args))
     elif args.command == "eval":
         print_eval(args, bench_eval(args))
 
