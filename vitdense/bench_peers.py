@@ -18,6 +18,7 @@ Each is `step(images [B, 3, H, W], targets) -> loss` for the benchmark, not a li
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import timm
 import torch
@@ -36,9 +37,10 @@ def explicit_attention(model: nn.Module) -> nn.Module:
 
 
 class SegmenterPeer(nn.Module):
-    """Segmenter's ViT + mask transformer (d_model = D, D/64 heads, 4x MLP, `depth` blocks)."""
+    """Segmenter's ViT + mask transformer (d_model = D, D/64 heads, 4x MLP, `depth` blocks,
+    dropout 0.1 as vitdense's default segmentation head and Segmenter's configs)."""
 
-    def __init__(self, vit: nn.Module, num_classes: int, depth: int = 2) -> None:
+    def __init__(self, vit: nn.Module, num_classes: int, depth: int = 2, dropout: float = 0.1) -> None:
         super().__init__()
         self.vit = explicit_attention(vit)
         dim = vit.embed_dim
@@ -46,7 +48,10 @@ class SegmenterPeer(nn.Module):
         self.num_prefix = vit.num_prefix_tokens
         self.proj_dec = nn.Linear(dim, dim)
         self.cls_emb = nn.Parameter(torch.randn(1, num_classes, dim) * 0.02)
-        self.blocks = nn.Sequential(*(timm.models.vision_transformer.Block(dim, dim // 64) for _ in range(depth)))
+        # Segmenter's decoder blocks drop out 0.1 of the attention weights, the attention's
+        # output and both FFN activations: timm's attn_drop and proj_drop (its MLP's drop)
+        block = partial(timm.models.vision_transformer.Block, dim, dim // 64, proj_drop=dropout, attn_drop=dropout)
+        self.blocks = nn.Sequential(*(block() for _ in range(depth)))
         explicit_attention(self.blocks)
         self.decoder_norm = nn.LayerNorm(dim)
         self.proj_patch = nn.Parameter(torch.randn(dim, dim) * dim**-0.5)
