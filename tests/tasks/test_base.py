@@ -164,3 +164,32 @@ def test_poly_schedule_length_comes_from_the_trainer():
     lrs = lrs_of(task, epochs=2, batch_size=4)  # 8 steps
     expected = [0.5, 1.0] + [(1 - i / 6) ** 0.9 for i in range(6)]
     assert lrs == pytest.approx([1e-3 * f for f in expected])
+
+
+def compiled_fit(compile, monkeypatch=None) -> tuple[Any, float]:
+    from vitdense.tasks import ClassificationTask
+
+    torch.manual_seed(0)
+    task = ClassificationTask(num_classes=4, backbone=TINY, compile=compile)
+    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=2, loader=LoaderConfig(batch_size=4))
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False
+    )
+    trainer.fit(task, datamodule=data)
+    return task, float(trainer.callback_metrics["train/loss_step"])
+
+
+def test_compile_compiles_backbone_and_head_in_place():
+    # the eager backend: TorchDynamo captures the graphs (what can break) without inductor's minutes
+    task, loss = compiled_fit({"backend": "eager"})
+    assert task.backbone._compiled_call_impl is not None and task.head._compiled_call_impl is not None
+    assert not any("_orig_mod" in k for k in task.state_dict())  # checkpoints keep their keys
+    _, eager_loss = compiled_fit(False)
+    assert loss == pytest.approx(eager_loss, rel=1e-5)
+
+
+def test_compile_without_a_cpp_compiler_warns_and_runs_eager(monkeypatch):
+    monkeypatch.setattr("vitdense.tasks.base.shutil.which", lambda name: None)
+    with pytest.warns(UserWarning, match="inductor needs a C\\+\\+ compiler"):
+        task, _ = compiled_fit(True)
+    assert task.backbone._compiled_call_impl is None

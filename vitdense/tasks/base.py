@@ -23,6 +23,9 @@ hub weights in `vitdense.tasks.pretrained`, head and class recording and resume 
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -32,7 +35,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torchmetrics import MetricCollection
 
@@ -63,6 +66,11 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         optimizer: callable making the optimizer from parameter groups (YAML: class_path).
         lr_scheduler: callable making the schedule from the optimizer (`vitdense.optim`).
         lr_interval: step the schedule every optimizer "step" or every "epoch" (its unit).
+        compile: compile the backbone and the head with `torch.compile` when the trainer
+            sets the model up (True, or a dict of `torch.compile`'s arguments, e.g.
+            `{mode: max-autotune}` or `{backend: aot_eager}`); each is compiled in place,
+            so checkpoints keep their keys. Where torch cannot compile (no TorchDynamo for
+            this Python, or no C++ compiler for inductor on a CPU) it warns and runs eager.
     """
 
     #: metric that model selection and checkpointing watch, and in which direction
@@ -80,6 +88,7 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
         # the subclass's arguments too; callables from YAML need not pickle (the CLI's config.yaml records them)
@@ -89,6 +98,7 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         self.num_classes = num_classes
         self.class_names = list(class_names) if class_names is not None else [str(c) for c in range(num_classes)]
         self.optimizer, self.lr_scheduler, self.lr_interval = optimizer, lr_scheduler, lr_interval
+        self.compile_options: dict[str, Any] | None = (compile or None) and ({} if compile is True else dict(compile))
         self.backbone_config = backbone
         encoder = self.configure_backbone(backbone)
         head = head_factory(head)
@@ -98,6 +108,19 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         record_head(self.hparams, head)
         metrics = self.configure_metrics()
         self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
+
+    def configure_model(self) -> None:
+        """Lightning's hook before training or evaluation: compile backbone and head if asked."""
+        if self.compile_options is None or getattr(self, "_compiled", False):
+            return
+        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
+        reason = compile_unsupported(self.compile_options, device)
+        if reason is not None:
+            rank_zero_warn(f"model.init_args.compile: {reason}; running eager")
+            return
+        self.backbone.compile(**self.compile_options)
+        self.head.compile(**self.compile_options)
+        self._compiled = True
 
     # ------------------------------------------------------------------ hooks to override
     def configure_backbone(self, config: BackboneConfig) -> VisionTransformer:
@@ -251,3 +274,14 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         # lengths from the trainer, here rather than in configure_optimizers: the train loader exists by
         # now (restored to its position when resuming); asking earlier would build it before its state loads
         resolve_schedules(self.trainer)
+
+
+def compile_unsupported(options: dict[str, Any], device: torch.device) -> str | None:
+    """Why `torch.compile(**options)` cannot run here, or None."""
+    if not torch._dynamo.is_dynamo_supported():
+        return f"torch {torch.__version__} cannot compile on Python {sys.version.split()[0]}"
+    backend = options.get("backend", "inductor")
+    compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
+    if backend == "inductor" and device.type == "cpu" and not any(c and shutil.which(c) for c in compilers):
+        return "inductor needs a C++ compiler on the CPU and none was found (install g++, or set CXX)"
+    return None

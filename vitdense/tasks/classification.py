@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -72,6 +72,7 @@ class ClassificationTask(BaseTask):
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__(
             num_classes=num_classes,
@@ -81,6 +82,7 @@ class ClassificationTask(BaseTask):
             optimizer=optimizer,
             lr_scheduler=lr_scheduler,
             lr_interval=lr_interval,
+            compile=compile,
         )
         self.label_smoothing = label_smoothing
         self.mixup = None

@@ -103,6 +103,7 @@ class DetectionTask(BaseTask):
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         # read by build_model, which the base calls (the model checks them)
         self._selection, self._top_k = selection, top_k
@@ -114,6 +115,7 @@ class DetectionTask(BaseTask):
             optimizer=optimizer,
             lr_scheduler=lr_scheduler,
             lr_interval=lr_interval,
+            compile=compile,
         )
         # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
         self.hparams.pop("criterion", None)

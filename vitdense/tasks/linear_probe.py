@@ -68,6 +68,7 @@ class LinearProbeTask(BaseTask):
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         # read by the hooks the base calls
         self.lrs = list(lrs) if lrs else [None]
@@ -81,6 +82,7 @@ class LinearProbeTask(BaseTask):
             optimizer=optimizer,
             lr_scheduler=lr_scheduler,
             lr_interval=lr_interval,
+            compile=compile,
         )
         self.cache_features = cache_features
         self._cache: dict[tuple[str, int], torch.Tensor] = {}

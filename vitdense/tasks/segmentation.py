@@ -80,6 +80,7 @@ class SegmentationTask(BaseTask):
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
         lr_interval: Literal["step", "epoch"] = "step",
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         if class_weights is not None and len(class_weights) != num_classes:
             raise ConfigError(f"class_weights has {len(class_weights)} entries for {num_classes} classes")
@@ -94,6 +95,7 @@ class SegmentationTask(BaseTask):
             optimizer=optimizer,
             lr_scheduler=lr_scheduler,
             lr_interval=lr_interval,
+            compile=compile,
         )
         self.val_stride = val_stride or self.window
         self.test_stride = test_stride or self.window
