@@ -248,7 +248,7 @@ def detection_heads(
 def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     """Median ms of a training step and its memory, per head, same backbone and batch."""
     from vitdense.tasks import BackboneConfig, DetectionTask
-    from vitdense.types import BoxTargets, ImageSizes
+    from vitdense.types import ImageSizes
 
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -260,28 +260,49 @@ def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     }
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     sizes = ImageSizes.full(args.batch_size, (args.img_size, args.img_size))
-    generator = torch.Generator().manual_seed(0)
-    targets = []
-    for _ in range(args.batch_size):  # 7 objects per image, COCO's mean
-        centre = torch.rand(7, 2, generator=generator) * 0.6 + 0.2
-        size = torch.rand(7, 2, generator=generator) * 0.3 + 0.05
-        targets.append(
-            BoxTargets(torch.cat([centre, size], 1).to(device), torch.randint(80, (7,), generator=generator).to(device))
-        )
+    targets = coco_like_targets(args.batch_size, 80, device)
 
     def loss_of(name: str) -> torch.Tensor:
         task = tasks[name]
         return task.criterion(task(x, sizes), targets).total
 
+    losses = {name: partial(loss_of, name) for name in tasks}
+    timed = time_training_steps(losses, tasks, args)
+    return {name: (seconds * 1000, memory) for name, (seconds, memory) in timed.items()}
+
+
+def coco_like_targets(batch_size: int, num_classes: int, device: torch.device) -> list:
+    """`BoxTargets` of 7 objects per image (COCO's mean), centres in [0.2, 0.8], sides in
+    [0.05, 0.35], seeded."""
+    from vitdense.types import BoxTargets
+
+    generator = torch.Generator().manual_seed(0)
+    targets = []
+    for _ in range(batch_size):
+        centre = torch.rand(7, 2, generator=generator) * 0.6 + 0.2
+        size = torch.rand(7, 2, generator=generator) * 0.3 + 0.05
+        labels = torch.randint(num_classes, (7,), generator=generator)
+        targets.append(BoxTargets(torch.cat([centre, size], 1).to(device), labels.to(device)))
+    return targets
+
+
+def time_training_steps(
+    losses: dict[str, Callable[[], torch.Tensor]], models: dict[str, nn.Module], args: argparse.Namespace
+) -> dict[str, tuple[float, float]]:
+    """{name: (median seconds of a training step — `losses[name]()` under autocast, then
+    backward —, its memory in MB)}: `args.warmup` steps each, then `args.iters` rounds taking
+    the models in turn, the order reversed every other round. Memory: the CUDA peak, or on
+    CPU the activations autograd saves."""
+    device = torch.device(args.device)
+
     def train(name: str) -> None:
         with _autocast(device, args.precision):
-            loss = loss_of(name)
+            loss = losses[name]()
         loss.backward()
-        tasks[name].zero_grad(set_to_none=True)
+        models[name].zero_grad(set_to_none=True)
 
-    results: dict[str, list[float]] = {}
     memory: dict[str, float] = {}
-    for name in tasks:
+    for name in losses:
         for _ in range(args.warmup):
             train(name)
         if device.type == "cuda":
@@ -290,13 +311,14 @@ def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
             memory[name] = torch.cuda.max_memory_allocated() / 2**20
         else:
             with _autocast(device, args.precision):
-                memory[name] = _saved_activation_bytes(lambda n=name: loss_of(n)) / 2**20
-            tasks[name].zero_grad(set_to_none=True)
-    order = list(tasks)
+                memory[name] = _saved_activation_bytes(losses[name]) / 2**20
+            models[name].zero_grad(set_to_none=True)
+    times: dict[str, list[float]] = {name: [] for name in losses}
+    order = list(losses)
     for step in range(args.iters):
         for name in order if step % 2 == 0 else order[::-1]:
-            results.setdefault(name, []).append(_time(lambda n=name: train(n), device))
-    return {name: (statistics.median(ts) * 1000, memory[name]) for name, ts in results.items()}
+            times[name].append(_time(lambda n=name: train(n), device))
+    return {name: (statistics.median(ts), memory[name]) for name, ts in times.items()}
 
 
 def print_det_heads(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
@@ -322,7 +344,7 @@ def train_step_pair(
     (`vitdense.bench_peers`), their backbones with the same weights."""
     from vitdense.bench_peers import DETRPeer, SegmenterPeer
     from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
-    from vitdense.types import BoxTargets, DetectedImages, ImageSizes, LabeledImages, SegmentedImages
+    from vitdense.types import DetectedImages, ImageSizes, LabeledImages, SegmentedImages
 
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -353,11 +375,7 @@ def train_step_pair(
         peer_name, peer = "Segmenter design", SegmenterPeer(timm_vit, k).to(device).train()
         peer_loss = partial(peer.step, x, masks)
     else:
-        targets = []
-        for _ in range(b):  # 7 objects per image, COCO's mean
-            centre = torch.rand(7, 2, generator=g) * 0.6 + 0.2
-            boxes = torch.cat([centre, torch.rand(7, 2, generator=g) * 0.3 + 0.05], 1)
-            targets.append(BoxTargets(boxes.to(device), torch.randint(k, (7,), generator=g).to(device)))
+        targets = coco_like_targets(b, k, device)
         batch = DetectedImages(x, tuple(targets), image_sizes=sizes)
         peer_name, peer = "DETR design", DETRPeer(timm_vit, k).to(device).train()
         peer_loss = partial(peer.step, x, [(t.boxes, t.labels) for t in targets])
@@ -372,35 +390,8 @@ def train_step_pair(
 def bench_train_step(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Median images/s of a training step (forward, loss, backward) and its memory, vitdense
     vs the peer design, alternating every round."""
-    device = torch.device(args.device)
-    losses, models = train_step_pair(args)
-
-    def train(name: str) -> None:
-        with _autocast(device, args.precision):
-            loss = losses[name]()
-        loss.backward()
-        models[name].zero_grad(set_to_none=True)
-
-    results: dict[str, dict[str, float]] = {name: {} for name in losses}
-    for name in losses:
-        for _ in range(args.warmup):
-            train(name)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-            train(name)
-            results[name]["mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
-        else:
-            with _autocast(device, args.precision):
-                results[name]["mem_mb"] = _saved_activation_bytes(losses[name]) / 2**20
-            models[name].zero_grad(set_to_none=True)
-    times: dict[str, list[float]] = {name: [] for name in losses}
-    order = list(losses)
-    for step in range(args.iters):
-        for name in order if step % 2 == 0 else order[::-1]:
-            times[name].append(_time(lambda n=name: train(n), device))
-    for name, ts in times.items():
-        results[name]["img_s"] = args.batch_size / statistics.median(ts)
-    return results
+    timed = time_training_steps(*train_step_pair(args), args)
+    return {name: {"img_s": args.batch_size / seconds, "mem_mb": memory} for name, (seconds, memory) in timed.items()}
 
 
 def print_train_step(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
