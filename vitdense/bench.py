@@ -355,7 +355,10 @@ def train_step_pair(
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "weights.pth"
         torch.save(timm_vit.state_dict(), path)
-        backbone = BackboneConfig(name=args.model, img_size=size, checkpoint=str(path))
+        backbone = BackboneConfig(
+            name=args.model, img_size=size, checkpoint=str(path), grad_checkpointing=args.grad_checkpointing
+        )
+        timm_vit.set_grad_checkpointing(args.grad_checkpointing)
         if args.task == "cls":
             task = ClassificationTask(num_classes=k, backbone=backbone)
         elif args.task == "seg":
@@ -398,7 +401,7 @@ def print_train_step(args: argparse.Namespace, results: dict[str, dict[str, floa
     where = cpu_kind() if args.device == "cpu" else torch.cuda.get_device_name(args.device)
     print(
         f"{args.task} training step, {args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, "
-        f"{args.num_classes} classes, {args.precision}, on {where} ({torch.get_num_threads()} threads, torch "
+        f"{args.num_classes} classes, {args.precision}{', grad-ckpt' if args.grad_checkpointing else ''}, on {where} ({torch.get_num_threads()} threads, torch "
         f"{torch.__version__}, timm {timm.__version__}), median of {args.iters} alternating rounds"
     )
     mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
@@ -556,6 +559,7 @@ def main(argv: list[str] | None = None) -> None:
     ts.add_argument("--batch-size", type=int, default=2)
     ts.add_argument("--num-classes", type=int, default=None, help="default: cls 1000, seg 150, det 80")
     ts.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    ts.add_argument("--grad-checkpointing", action="store_true", help="in both backbones")
     ts.add_argument("--iters", type=int, default=6, help="timed rounds per model")
     ts.add_argument("--warmup", type=int, default=1)
     ts.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
