@@ -22,6 +22,7 @@ TESTED = {
     "seg_ade20k.yaml",
     "seg_ade20k_linear.yaml",
     "seg_ade20k_hybrid.yaml",
+    "seg_ade20k_large_fsdp.yaml",
     "demo_det.yaml",
     "det_coco.yaml",
     "demo_det_lwdetr.yaml",
@@ -95,6 +96,8 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
     args = ["fit", "--config", str(config), *fake_data_args(config.name, cfg["data"], tmp_path, monkeypatch)]
     if "img_size" in cfg["data"]["init_args"] and "ADE20K" not in cfg["data"]["class_path"]:
         args.append("--data.init_args.img_size=64")  # the recipe's size costs minutes on a CPU
+    if "FSDPStrategy" in str(cfg["trainer"].get("strategy")):  # ViT-L: 2 of its 24 blocks do on a CPU
+        args.append("--model.init_args.backbone.model_args={depth: 2}")
     if cfg["model"]["init_args"].get("head", {}).get("class_path", "").endswith("LWDETRHead"):
         args.append("--model.init_args.head.init_args.num_queries=8")  # two-stage picks from the 64 px images' tokens
     args += [
@@ -191,3 +194,38 @@ def test_coco_recipe_tests_and_predicts_on_the_coco_layout(tmp_path, monkeypatch
     evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
     assert 0.1 < reported < 1
     assert evaluation.stats[0] == pytest.approx(reported, abs=1e-6)
+
+
+def test_fsdp_recipe_parses_and_wraps_every_transformer_block(capsys):
+    """Lightning runs FSDP on GPUs only; on the CPU: the YAML parses into Lightning's
+    FSDPStrategy, and its policies select every transformer block of the task's model (the
+    ViT-L's 24 and the decoder's 2) and nothing else."""
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch.strategies import FSDPStrategy, Strategy
+
+    from vitdense.backbone import Block
+    from vitdense.tasks import BackboneConfig, SegmentationTask
+
+    config = CONFIGS[0].parent / "seg_ade20k_large_fsdp.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(config), "--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)["trainer"]["strategy"]
+    assert printed["class_path"] == "lightning.pytorch.strategies.FSDPStrategy"
+    assert printed["init_args"]["auto_wrap_policy"] == ["vitdense.backbone.Block"]
+    # instantiated from the YAML as the CLI does (jsonargparse), without a GPU trainer around it
+    parser = ArgumentParser()
+    parser.add_argument("--strategy", type=Strategy)
+    parsed = parser.parse_object({"strategy": printed})
+    strategy = getattr(parser, "instantiate", parser.instantiate_classes)(parsed).strategy
+    assert isinstance(strategy, FSDPStrategy)
+    cfg = yaml.safe_load(config.read_text())["model"]["init_args"]
+    task = SegmentationTask(num_classes=150, backbone=BackboneConfig(name=cfg["backbone"]["name"], img_size=64))
+    # both policies are torch's ModuleWrapPolicy, which selects the modules of its classes
+    wrap, checkpoint = (
+        strategy.kwargs["auto_wrap_policy"],
+        strategy._activation_checkpointing_kwargs["auto_wrap_policy"],
+    )
+    for policy in (wrap, checkpoint):
+        chosen = [m for m in task.model.modules() if isinstance(m, tuple(policy._module_classes))]
+        assert len(chosen) == 24 + 2 and all(isinstance(m, Block) for m in chosen)

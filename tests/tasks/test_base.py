@@ -193,3 +193,20 @@ def test_compile_without_a_cpp_compiler_warns_and_runs_eager(monkeypatch):
     with pytest.warns(UserWarning, match="inductor needs a C\\+\\+ compiler"):
         task, _ = compiled_fit(True)
     assert task.backbone._compiled_call_impl is None
+
+
+def test_clipping_by_norm_under_fsdp_uses_fsdps_own_norm():
+    from unittest import mock
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    task = TwoTermTask()
+    root = mock.create_autospec(FullyShardedDataParallel, instance=True)  # what FSDPStrategy.model is
+    task._trainer = mock.Mock(strategy=mock.Mock(model=root))
+    optimizer = torch.optim.SGD(task.parameters(), lr=0.1)
+    task.configure_gradient_clipping(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+    root.clip_grad_norm_.assert_called_once_with(0.5)  # the norm over every shard, not this process's
+    with mock.patch.object(L.LightningModule, "clip_gradients") as lightning_clipping:
+        task.configure_gradient_clipping(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="value")
+    lightning_clipping.assert_called_once()  # by value: Lightning's own (elementwise, per shard is right)
+    assert root.clip_grad_norm_.call_count == 1

@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDPModule
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
@@ -121,6 +122,21 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         self.backbone.compile(**self.compile_options)
         self.head.compile(**self.compile_options)
         self._compiled = True
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping, except by norm under FSDP, which Lightning refuses: there the
+        root FSDP module's own `clip_grad_norm_` clips by the norm over every shard (torch's
+        `clip_grad_norm_` would see only this process's shard)."""
+        root = self._trainer.strategy.model if self._trainer is not None else None
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(root, FSDPModule):
+            root.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ hooks to override
     def configure_backbone(self, config: BackboneConfig) -> VisionTransformer:
