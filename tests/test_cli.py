@@ -226,3 +226,24 @@ def test_ignore_index_is_linked_from_the_data(tmp_path, capsys):
     # written twice, the model's copy would be replaced silently: refused, naming where it comes from
     err = run_error(["fit", "--config", args[1], "--model.init_args.ignore_index=3"], capsys)
     assert "model.init_args.ignore_index=3" in err and "data.init_args.ignore_index" in err
+
+
+def test_a_head_chosen_in_yaml_gets_its_own_defaults(capsys, tmp_path):
+    """jsonargparse hands a class chosen in YAML every argument of the default class's that it
+    also takes (its issue #460): with DETRHead as the task's default, LWDETRHead got DETR's
+    100 queries, 6 layers and dropout 0.1, and SimpleFeaturePyramid the projector's levels."""
+    import yaml
+
+    config = tmp_path / "lwdetr.yaml"
+    head = {"class_path": "vitdense.heads.LWDETRHead", "init_args": {"neck": "vitdense.heads.SimpleFeaturePyramid"}}
+    data = {"class_path": "vitdense.data.SyntheticDetectionDataModule", "init_args": {"root": str(tmp_path)}}
+    config.write_text(
+        yaml.safe_dump(
+            {"model": {"class_path": "vitdense.tasks.DetectionTask", "init_args": {"head": head}}, "data": data}
+        )
+    )
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["head"]["init_args"]
+    assert (printed["num_queries"], printed["dec_layers"], printed["dropout"]) == (300, 3, 0.0)  # LWDETRHead's
+    assert printed["neck"]["init_args"]["scale_factors"] == [4.0, 2.0, 1.0, 0.5]  # SimpleFeaturePyramid's
