@@ -1,5 +1,7 @@
 """The benchmark command runs end to end and prints both models and their ratio (no timing asserted)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,3 +81,10 @@ def test_detr_peer_loss_is_vitdenses_criterion():
         DetectionOutput(logits, boxes), [BoxTargets(b, labels) for b, labels in targets]
     ).total
     assert peer.loss(logits, boxes, targets, num_boxes=5).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_data_bench_times_a_configs_pipeline(capsys):
+    config = Path(__file__).parents[1] / "configs" / "demo_cls.yaml"
+    main(["data", "--config", str(config), "--set", "train_size=512", "--workers", "0", "--batches", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["0"] and float(rows[0][1]) > 0

@@ -4,6 +4,7 @@
     python -m vitdense.bench export --model vit_small_patch16_224 --img-size 224
     python -m vitdense.bench det-heads --model vit_small_patch16_224 --img-size 640 --batch-size 2
     python -m vitdense.bench eval --images 5000
+    python -m vitdense.bench data --config configs/demo_det.yaml --workers 0 1 2
     python -m vitdense.bench train-step --task seg --model vit_small_patch16_224 --img-size 512
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
@@ -22,6 +23,9 @@ median ms, saved-activation MB (CPU) or peak MB (CUDA), and the ratio to the fir
 user would otherwise run (`vitdense.bench_peers`: timm for classification, Segmenter's for
 segmentation, DETR's for detection), the same backbone weights and inputs, alternating:
 median images/s, memory, and vitdense / peer.
+
+`data` times a config's training data pipeline (its DataModule, as the CLI builds it) in
+samples/s for each number of loader workers, so `loader.num_workers` can be set from it.
 
 `eval` times COCO's AP with per-class figures on a synthetic set (5,000 images, 100
 detections each, 80 classes): COCOeval run directly (all classes at once), torchmetrics'
@@ -412,6 +416,46 @@ def print_train_step(args: argparse.Namespace, results: dict[str, dict[str, floa
     print(f"{'ratio':18}{ours['img_s'] / peer['img_s']:10.3f}{ours['mem_mb'] / peer['mem_mb']:16.3f}")
 
 
+def bench_data(args: argparse.Namespace) -> dict[int, float]:
+    """{workers: training samples per second} of the DataModule in `args.config`'s `data`
+    section (built as the CLI builds it), over `args.batches` batches after the first (worker
+    start-up excluded)."""
+    import dataclasses
+
+    import yaml
+    from jsonargparse import ArgumentParser
+    from lightning import LightningDataModule
+
+    parser = ArgumentParser()
+    parser.add_argument("--data", type=LightningDataModule)
+    section = yaml.safe_load(Path(args.config).read_text())["data"]
+    for override in args.set or []:  # key=value under init_args, e.g. root=/data/coco
+        key, value = override.split("=", 1)
+        section.setdefault("init_args", {})[key] = yaml.safe_load(value)
+    parsed = parser.parse_object({"data": section})
+    datamodule = getattr(parser, "instantiate", parser.instantiate_classes)(parsed).data
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    results = {}
+    for workers in args.workers:
+        datamodule.loader = dataclasses.replace(datamodule.loader, num_workers=workers)
+        batches = iter(datamodule.train_dataloader())
+        next(batches)
+        start, samples = time.perf_counter(), 0
+        for _, batch in zip(range(args.batches), batches, strict=False):  # (or until the epoch ends)
+            samples += int(batch.image.shape[0])
+        results[workers] = samples / (time.perf_counter() - start)
+        del batches
+    return results
+
+
+def print_data(args: argparse.Namespace, results: dict[int, float]) -> None:
+    print(f"training samples/s of {args.config}'s data, {args.batches} batches after the first, on {cpu_kind()}")
+    print(f"{'workers':>8}{'samples/s':>12}{'per worker':>12}")
+    for workers, rate in results.items():
+        print(f"{workers:8d}{rate:12.1f}{rate / max(workers, 1):12.1f}")
+
+
 def synthetic_detections(
     num_images: int, num_classes: int, detections: int, seed: int = 0
 ) -> tuple[list[dict], list[dict]]:
@@ -563,6 +607,11 @@ def main(argv: list[str] | None = None) -> None:
     ts.add_argument("--iters", type=int, default=6, help="timed rounds per model")
     ts.add_argument("--warmup", type=int, default=1)
     ts.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    da = sub.add_parser("data", help="training samples/s of a config's DataModule, per number of loader workers")
+    da.add_argument("--config", required=True, help="a vitdense YAML; its data section is used")
+    da.add_argument("--set", nargs="*", help="data init_args overrides, key=value (e.g. root=/data/ade)")
+    da.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    da.add_argument("--batches", type=int, default=20)
     ev = sub.add_parser("eval", help="COCO AP with per-class figures: vitdense vs torchmetrics vs COCOeval directly")
     ev.add_argument("--images", type=int, default=5000)
     ev.add_argument("--detections", type=int, default=100, help="detections per image")
@@ -580,6 +629,8 @@ def main(argv: list[str] | None = None) -> None:
         args.img_size = args.img_size or defaults[0]
         args.num_classes = args.num_classes or defaults[1]
         print_train_step(args, bench_train_step(args))
+    elif args.command == "data":
+        print_data(args, bench_data(args))
     elif args.command == "eval":
         print_eval(args, bench_eval(args))
 
