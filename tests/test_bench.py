@@ -68,7 +68,7 @@ def test_detr_peer_loss_is_vitdenses_criterion():
     equal to DETR's), so the two sides do the same work."""
     import timm
 
-    from vitdense.bench_peers import DETRPeer
+    from vitdense.bench.peers import DETRPeer
     from vitdense.losses import SetCriterion
     from vitdense.types import BoxTargets, DetectionOutput
 

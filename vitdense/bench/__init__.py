@@ -1,0 +1,41 @@
+"""Benchmarks that print figures and the ratio against the peer they measure.
+
+    python -m vitdense.bench backbone --model vit_small_patch16_224 --img-size 224 --batch-size 8
+    python -m vitdense.bench export --model vit_small_patch16_224 --img-size 224
+    python -m vitdense.bench det-heads --model vit_small_patch16_224 --img-size 640 --batch-size 2
+    python -m vitdense.bench eval --images 5000
+    python -m vitdense.bench data --config configs/demo_det.yaml --workers 0 1 2
+    python -m vitdense.bench train-step --task seg --model vit_small_patch16_224 --img-size 512
+
+`backbone` times vitdense's encoder against timm's `forward_features` with the same
+weights, in one process, alternating the two every round so that drift of the machine
+(thermal, other load) hits both alike. It reports the median images/s of inference and of
+a training step (forward + backward), the memory of the training step, and
+vitdense / timm for each. Memory is the peak allocated on CUDA; on CPU, where torch keeps
+no allocator statistics, it is the size of the activations autograd saves for backward
+(the part of training memory that depends on the implementation).
+
+`det-heads` times a detection training step (forward, the task's loss, backward) of each
+detection head on the same backbone at a COCO-like size, alternating the heads every round:
+median ms, saved-activation MB (CPU) or peak MB (CUDA), and the ratio to the first head.
+
+`train-step` times a task's training step (forward, loss, backward) against the design a
+user would otherwise run (`vitdense.bench.peers`: timm for classification, Segmenter's for
+segmentation, DETR's for detection), the same backbone weights and inputs, alternating:
+median images/s, memory, and vitdense / peer.
+
+`data` times a config's training data pipeline (its DataModule, as the CLI builds it) in
+samples/s for each number of loader workers, so `loader.num_workers` can be set from it.
+
+`eval` times COCO's AP with per-class figures on a synthetic set (5,000 images, 100
+detections each, 80 classes): COCOeval run directly (all classes at once), torchmetrics'
+`MeanAveragePrecision(class_metrics=True)` (COCOeval once, then again per class) and
+vitdense's `DetectionMeanAP` (COCOeval once, per-class figures from its arrays), per backend.
+
+`export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
+in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.
+"""
+
+from vitdense.bench.cli import main
+
+__all__ = ["main"]

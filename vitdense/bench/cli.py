@@ -1,0 +1,86 @@
+"""`python -m vitdense.bench COMMAND`: the argument parser of every benchmark."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from vitdense.bench.backbone import bench_backbone, print_backbone
+from vitdense.bench.common import PRECISIONS
+from vitdense.bench.data import bench_data, print_data
+from vitdense.bench.detection import bench_det_heads, print_det_heads
+from vitdense.bench.evaluation import bench_eval, print_eval
+from vitdense.bench.export import bench_export, print_export
+from vitdense.bench.train_step import bench_train_step, print_train_step
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m vitdense.bench",
+        description="Benchmarks that print figures and the ratio against the peer they measure.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    bb = sub.add_parser("backbone", help="vitdense encoder vs timm forward_features, same weights")
+    bb.add_argument("--model", default="vit_small_patch16_224", help="timm model name")
+    bb.add_argument("--img-size", type=int, default=224)
+    bb.add_argument("--batch-size", type=int, default=8)
+    bb.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    bb.add_argument("--grad-checkpointing", action="store_true")
+    bb.add_argument("--iters", type=int, default=10, help="timed rounds per model")
+    bb.add_argument("--warmup", type=int, default=2)
+    bb.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ex = sub.add_parser("export", help="eager vs onnxruntime latency of each task's exported graph, batch 1")
+    ex.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    ex.add_argument("--img-size", type=int, default=224)
+    ex.add_argument("--tasks", nargs="+", default=["classification", "segmentation", "detection"])
+    ex.add_argument("--iters", type=int, default=10, help="timed rounds per runtime")
+    ex.add_argument("--warmup", type=int, default=2)
+    dh = sub.add_parser("det-heads", help="training-step time and memory of each detection head, same backbone")
+    dh.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    dh.add_argument("--img-size", type=int, default=640)
+    dh.add_argument("--batch-size", type=int, default=2)
+    dh.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    dh.add_argument("--heads", nargs="*", default=None, help="a subset of the heads, by name")
+    dh.add_argument("--num-queries", type=int, default=300, help="queries per group")
+    dh.add_argument("--num-groups", type=int, default=13, help="Group DETR groups in training")
+    dh.add_argument("--iters", type=int, default=5, help="timed rounds per head")
+    dh.add_argument("--warmup", type=int, default=1)
+    dh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ts = sub.add_parser("train-step", help="a task's training step vs the design a user would otherwise run")
+    ts.add_argument("--task", choices=["cls", "seg", "det"], required=True)
+    ts.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    ts.add_argument("--img-size", type=int, default=None, help="default: cls 224, seg 512, det 512")
+    ts.add_argument("--batch-size", type=int, default=2)
+    ts.add_argument("--num-classes", type=int, default=None, help="default: cls 1000, seg 150, det 80")
+    ts.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype")
+    ts.add_argument("--grad-checkpointing", action="store_true", help="in both backbones")
+    ts.add_argument("--iters", type=int, default=6, help="timed rounds per model")
+    ts.add_argument("--warmup", type=int, default=1)
+    ts.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    da = sub.add_parser("data", help="training samples/s of a config's DataModule, per number of loader workers")
+    da.add_argument("--config", required=True, help="a vitdense YAML; its data section is used")
+    da.add_argument("--set", nargs="*", help="data init_args overrides, key=value (e.g. root=/data/ade)")
+    da.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    da.add_argument("--batches", type=int, default=20)
+    ev = sub.add_parser("eval", help="COCO AP with per-class figures: vitdense vs torchmetrics vs COCOeval directly")
+    ev.add_argument("--images", type=int, default=5000)
+    ev.add_argument("--detections", type=int, default=100, help="detections per image")
+    ev.add_argument("--classes", type=int, default=80)
+    ev.add_argument("--backends", nargs="+", default=["pycocotools", "faster_coco_eval"])
+    args = parser.parse_args(argv)
+    if args.command == "backbone":
+        print_backbone(args, bench_backbone(args))
+    elif args.command == "export":
+        print_export(args, bench_export(args))
+    elif args.command == "det-heads":
+        print_det_heads(args, bench_det_heads(args))
+    elif args.command == "train-step":
+        defaults = {"cls": (224, 1000), "seg": (512, 150), "det": (512, 80)}[args.task]
+        args.img_size = args.img_size or defaults[0]
+        args.num_classes = args.num_classes or defaults[1]
+        print_train_step(args, bench_train_step(args))
+    elif args.command == "data":
+        print_data(args, bench_data(args))
+    elif args.command == "eval":
+        print_eval(args, bench_eval(args))

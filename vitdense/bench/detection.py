@@ -1,0 +1,77 @@
+"""`det-heads`: the training step of each detection head on one backbone."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import nn
+
+from vitdense.bench.common import coco_like_targets, cpu_kind, time_training_steps
+
+
+def detection_heads(
+    num_queries: int = 300, num_groups: int = 13
+) -> dict[str, tuple[Callable[[int, int], nn.Module], Callable[[int], nn.Module]]]:
+    """The (head, criterion) pairs `det-heads` compares: DETR's head as `det_coco.yaml` has
+    it (100 queries, 1 group), with Group DETR and Plain-DETR's box bias, and the LW-DETR /
+    RF-DETR head with one and three levels, at COCO settings by default (300 queries, 13
+    groups)."""
+    from vitdense.heads import DETRHead, LWDETRHead, MultiLevelProjector
+    from vitdense.losses import HungarianMatcher, IoUAwareBCELoss, SetCriterion
+
+    queries = {"num_queries": num_queries, "num_groups": num_groups}
+    # (Plain-DETR's 512-wide bias MLPs run on [B, G*Q, h + w, 512] per layer: at 640 px with
+    # 13 x 300 queries, gigabytes; the demo's 64 keeps this row on a CPU)
+    detr = partial(DETRHead, **queries, dropout=0.0, box_bias=True, box_bias_mode="pixels", box_bias_hidden=64)
+    rf_detr = partial(SetCriterion, matcher=HungarianMatcher(cost_class=2.0), class_loss=IoUAwareBCELoss())
+    p4 = partial(MultiLevelProjector, scale_factors=(1.0,))
+    p3_p5 = partial(MultiLevelProjector, scale_factors=(2.0, 1.0, 0.5))
+    return {
+        "detr (det_coco.yaml)": (partial(DETRHead, num_queries=100), SetCriterion),
+        "detr+groups+boxrpb": (detr, SetCriterion),
+        "lwdetr P4 (RF-DETR-B)": (partial(LWDETRHead, neck=p4, **queries), rf_detr),
+        "lwdetr P3-P5": (partial(LWDETRHead, neck=p3_p5, **queries), rf_detr),
+    }
+
+
+def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+    """Median ms of a training step and its memory, per head, same backbone and batch."""
+    from vitdense.tasks import BackboneConfig, DetectionTask
+    from vitdense.types import ImageSizes
+
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    backbone = BackboneConfig(name=args.model, img_size=args.img_size)
+    tasks = {
+        name: DetectionTask(num_classes=80, head=head, criterion=criterion, backbone=backbone).to(device).train()
+        for name, (head, criterion) in detection_heads(args.num_queries, args.num_groups).items()
+        if not args.heads or name in args.heads
+    }
+    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
+    sizes = ImageSizes.full(args.batch_size, (args.img_size, args.img_size))
+    targets = coco_like_targets(args.batch_size, 80, device)
+
+    def loss_of(name: str) -> torch.Tensor:
+        task = tasks[name]
+        return task.criterion(task(x, sizes), targets).total
+
+    losses = {name: partial(loss_of, name) for name in tasks}
+    timed = time_training_steps(losses, tasks, args)
+    return {name: (seconds * 1000, memory) for name, (seconds, memory) in timed.items()}
+
+
+def print_det_heads(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
+    mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
+    print(
+        f"{args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, {args.num_queries} queries x "
+        f"{args.num_groups} groups, {args.precision}, training step "
+        f"(forward, loss, backward) on {cpu_kind() if args.device == 'cpu' else args.device} "
+        f"({torch.get_num_threads()} threads, torch {torch.__version__}), median of {args.iters} alternating rounds"
+    )
+    print(f"{'':24}{'ms':>10}{'x first':>10}{mem_label:>16}")
+    first = next(iter(results.values()))[0]
+    for name, (ms, mb) in results.items():
+        print(f"{name:24}{ms:10.0f}{ms / first:10.2f}{mb:16.0f}")
