@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from vitdense.backbone import create_backbone
-from vitdense.bench.common import autocast, saved_activation_bytes, time_call
+from vitdense.bench.common import autocast, machine, memory_label, saved_activation_bytes, time_call
 
 
 def bench_backbone(args: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -78,10 +78,10 @@ def bench_backbone(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def print_backbone(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
-    mem_label = "train mem MB" if args.device.startswith("cuda") else "saved act. MB"
+    mem_label = memory_label(args.device)
     print(
         f"{args.model} img {args.img_size} batch {args.batch_size} {args.precision}"
-        f"{' grad-ckpt' if args.grad_checkpointing else ''} on {args.device}"
+        f"{' grad-ckpt' if args.grad_checkpointing else ''} on {machine(args.device)}"
         f" ({torch.get_num_threads()} threads, torch {torch.__version__}, timm {timm.__version__}),"
         f" median of {args.iters} alternating rounds"
     )

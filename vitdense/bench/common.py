@@ -105,3 +105,13 @@ def coco_like_targets(batch_size: int, num_classes: int, device: torch.device) -
         labels = torch.randint(num_classes, (7,), generator=generator)
         targets.append(BoxTargets(torch.cat([centre, size], 1).to(device), labels.to(device)))
     return targets
+
+
+def machine(device: str) -> str:
+    """What a figure was measured on: the CPU's name and capability, or the GPU's name."""
+    return cpu_kind() if device == "cpu" else torch.cuda.get_device_name(device)
+
+
+def memory_label(device: str) -> str:
+    """The memory column's name: the CUDA peak, or on CPU the activations saved for backward."""
+    return "peak MB" if device.startswith("cuda") else "saved act. MB"

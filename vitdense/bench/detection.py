@@ -9,7 +9,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from vitdense.bench.common import coco_like_targets, cpu_kind, time_training_steps
+from vitdense.bench.common import coco_like_targets, machine, memory_label, time_training_steps
 
 
 def detection_heads(
@@ -64,11 +64,11 @@ def bench_det_heads(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
 
 
 def print_det_heads(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
-    mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
+    mem_label = memory_label(args.device)
     print(
         f"{args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, {args.num_queries} queries x "
         f"{args.num_groups} groups, {args.precision}, training step "
-        f"(forward, loss, backward) on {cpu_kind() if args.device == 'cpu' else args.device} "
+        f"(forward, loss, backward) on {machine(args.device)} "
         f"({torch.get_num_threads()} threads, torch {torch.__version__}), median of {args.iters} alternating rounds"
     )
     print(f"{'':24}{'ms':>10}{'x first':>10}{mem_label:>16}")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitdense.bench.common import coco_like_targets, cpu_kind, time_training_steps
+from vitdense.bench.common import coco_like_targets, machine, memory_label, time_training_steps
 
 
 def train_step_pair(
@@ -80,13 +80,13 @@ def bench_train_step(args: argparse.Namespace) -> dict[str, dict[str, float]]:
 
 
 def print_train_step(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
-    where = cpu_kind() if args.device == "cpu" else torch.cuda.get_device_name(args.device)
     print(
         f"{args.task} training step, {args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size}, "
-        f"{args.num_classes} classes, {args.precision}{', grad-ckpt' if args.grad_checkpointing else ''}, on {where} ({torch.get_num_threads()} threads, torch "
-        f"{torch.__version__}, timm {timm.__version__}), median of {args.iters} alternating rounds"
+        f"{args.num_classes} classes, {args.precision}{', grad-ckpt' if args.grad_checkpointing else ''}, "
+        f"on {machine(args.device)} ({torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"timm {timm.__version__}), median of {args.iters} alternating rounds"
     )
-    mem_label = "peak MB" if args.device.startswith("cuda") else "saved act. MB"
+    mem_label = memory_label(args.device)
     print(f"{'':18}{'img/s':>10}{mem_label:>16}")
     for name, row in results.items():
         print(f"{name:18}{row['img_s']:10.2f}{row['mem_mb']:16.0f}")
