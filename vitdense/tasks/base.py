@@ -99,7 +99,8 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         self.num_classes = num_classes
         self.class_names = list(class_names) if class_names is not None else [str(c) for c in range(num_classes)]
         self.optimizer, self.lr_scheduler, self.lr_interval = optimizer, lr_scheduler, lr_interval
-        self.compile_options: dict[str, Any] | None = (compile or None) and ({} if compile is True else dict(compile))
+        #: torch.compile's arguments, or None: not compiled
+        self.compile_options: dict[str, Any] | None = None if not compile else {} if compile is True else dict(compile)
         self.backbone_config = backbone
         encoder = self.configure_backbone(backbone)
         head = head_factory(head)
