@@ -145,8 +145,12 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         return config.build(load_pretrained=False)
 
     def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
-        """The head from its factory, for `backbone` (`self.num_classes` exists by now)."""
-        return head(backbone.embed_dim, self.num_classes)
+        """The head from its factory, for `backbone` (`self.num_classes` exists by now); a
+        head with `set_grad_checkpointing` (timm's name) follows the backbone's setting."""
+        module = head(backbone.embed_dim, self.num_classes)
+        if backbone.grad_checkpointing and hasattr(module, "set_grad_checkpointing"):
+            module.set_grad_checkpointing(True)
+        return module
 
     def build_model(self, backbone: VisionTransformer, head: nn.Module) -> nn.Module:
         """The plain `nn.Module` of the task (backbone, head and the task's own pre- and
