@@ -27,7 +27,8 @@ TIMEOUT = float(os.environ.get("DIST_TIMEOUT", 300))
 
 def write_config(folder: Path, demo: str, model: dict, data: dict, patch_size: int = 8) -> Path:
     """`configs/demo_{demo}.yaml` made tiny and deterministic: fp32 (bf16 CPUs would choose
-    bf16), no dropout, SGD, no validation or logger, a checkpoint every step."""
+    bf16), SGD, no validation or logger, a checkpoint every step; `model` sets head
+    arguments (the callers turn dropout off: each process would draw its own)."""
     cfg = yaml.safe_load((CONFIGS / f"demo_{demo}.yaml").read_text())
     cfg["trainer"] = {
         "accelerator": "cpu",
