@@ -187,3 +187,20 @@ def test_two_nodes_train_the_weights_of_one_process_detection(tmp_path):
     print(f"detection, 2 nodes vs 1 process: max |difference| {diffs[0]:.3g} after 2 steps, {diffs[1]:.3g} after 8")
     assert diffs[0] <= 1e-6
     assert diffs[1] <= 1e-5
+
+
+def test_a_one_process_checkpoint_resumes_on_two_nodes(segmentation):
+    """The other way: 1 process at batch 4 for 3 steps, then 2 nodes at 2 + 2 (the same global
+    batch) to the end: the weights of the single process throughout."""
+    mid = segmentation / "single" / "checkpoints" / f"step={STEPS}.ckpt"
+    resumed = write_config(
+        segmentation / "resumed_on_nodes", "seg", SEG_MODEL, {"loader": {"batch_size": GLOBAL_BATCH}}
+    )
+    two_nodes(resumed, "--ckpt_path", str(mid))
+    end = torch.load(
+        segmentation / "resumed_on_nodes" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )
+    assert end["global_step"] == 8
+    diff = max_difference(weights(segmentation / "single" / "checkpoints" / "last.ckpt"), end["state_dict"])
+    print(f"1 process for {STEPS} steps, then 2 nodes, vs 1 process throughout: {diff:.3g}")
+    assert diff <= 1e-6
