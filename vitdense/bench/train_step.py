@@ -41,19 +41,15 @@ def train_step_pair(
             name=args.model, img_size=size, checkpoint=str(path), grad_checkpointing=args.grad_checkpointing
         )
         timm_vit.set_grad_checkpointing(args.grad_checkpointing)
-        if args.task == "cls":
-            task = ClassificationTask(num_classes=k, backbone=backbone)
-        elif args.task == "seg":
-            task = SegmentationTask(num_classes=k, backbone=backbone)
-        else:
-            task = DetectionTask(num_classes=k, backbone=backbone)
+        task_class = {"cls": ClassificationTask, "seg": SegmentationTask, "det": DetectionTask}[args.task]
+        task = task_class(num_classes=k, backbone=backbone)
     task, sizes = task.to(device).train(), ImageSizes.full(b, (size, size))
     x = torch.randn(b, 3, size, size, device=device)
     g = torch.Generator().manual_seed(0)
     if args.task == "cls":
         batch = LabeledImages(x, torch.randint(k, (b,), generator=g).to(device), image_sizes=sizes)
         peer_name, peer = "timm", timm_vit.to(device).train()
-        peer_loss = partial(lambda m: F.cross_entropy(m(x), batch.label), peer)
+        peer_loss = lambda: F.cross_entropy(peer(x), batch.label)  # noqa: E731
     elif args.task == "seg":
         masks = torch.randint(k, (b, size, size), generator=g).to(device)
         batch = SegmentedImages(x, masks, image_sizes=sizes, mask_sizes=sizes)
