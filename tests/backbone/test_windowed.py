@@ -42,7 +42,7 @@ def reference_block_mask(grid, window, prefix, valid):
 
 def dense_forward(model, images, sizes, masks):
     """The encoder written out with explicit attention under a given [B, T, T] mask per block."""
-    x = model._pos_embed(model.patch_embed(images, sizes), sizes.at_stride(model.patch_size))
+    x = model.add_pos_embed(model.patch_embed(images, sizes), sizes.at_stride(model.patch_size))
     for blk, mask in zip(model.blocks, masks, strict=True):
         a = blk.attn
         b, t, d = x.shape

@@ -467,7 +467,23 @@ class VisionTransformer(nn.Module):
         return {n for n, p in self.named_parameters() if n in tokens or p.ndim <= 1}
 
     # --------------------------------------------------------------------------- forward
-    def _pos_embed(self, x: torch.Tensor, image_sizes: ImageSizes) -> torch.Tensor:
+    # forward = embed -> add_pos_embed -> forward_tokens, each public so that pre-training
+    # objectives (vitdense.pretrain) can corrupt or drop tokens in between
+    def embed(self, x: torch.Tensor, image_sizes: ImageSizes | None = None) -> tuple[torch.Tensor, ImageSizes]:
+        """Patch embeddings [B, h, w, D] of images [B, C, H, W] (padded as `image_sizes`
+        says; None: none is), before position embeddings, and the batch's sizes at the patch
+        stride."""
+        b, _, height, width = x.shape
+        if image_sizes is None:
+            image_sizes = ImageSizes.full(b, (height, width))
+        elif len(image_sizes.sizes) != b or tuple(image_sizes.padded) != (height, width):
+            raise ValueError(
+                f"image_sizes describe {len(image_sizes.sizes)} images padded to {tuple(image_sizes.padded)}, "
+                f"but the batch is {b} images of {height} x {width}"
+            )
+        return self.patch_embed(x, image_sizes), image_sizes.at_stride(self.patch_size)
+
+    def add_pos_embed(self, x: torch.Tensor, image_sizes: ImageSizes) -> torch.Tensor:
         """Add position embeddings and prepend prefix tokens.
 
         x: [B, h, w, D] patch embeddings; image_sizes at the patch stride. Returns
@@ -496,6 +512,58 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + pos
         return self.pos_drop(x)
 
+    def key_mask(self, image_sizes: ImageSizes, device: torch.device | None = None) -> torch.Tensor | None:
+        """[B, P + N] bool, True on the tokens attention may look at (every prefix token,
+        the patches of each image), for `forward_tokens`; None when nothing is padded."""
+        if not image_sizes.has_padding:
+            return None
+        keep = ~image_sizes.mask(device).flatten(1)  # [B, N]: padding tokens are no keys
+        return F.pad(keep, (self.num_prefix_tokens, 0), value=True)
+
+    def forward_tokens(
+        self,
+        x: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        grid: GridSize | None = None,
+        intermediates: Sequence[int] = (),
+        attentions: Sequence[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """The blocks and the final norm over a token sequence.
+
+        Args:
+            x: [B, T, D] tokens, position embeddings added (`add_pos_embed`), or any subset
+                of them (MAE encodes the visible ones only).
+            keys: [B, T] bool, True on tokens that may be attended (`key_mask`); None: all.
+            grid: the (h, w) patch grid the tokens after the prefix tile, row-major; only
+                windowed attention needs it (a token subset has none: windows refuse it).
+            intermediates, attentions: block indices whose raw outputs / attention maps to keep.
+
+        Returns:
+            the normalised tokens [B, T, D], {block: raw output [B, T, D]} and {block:
+            attention [B, heads, T, T]} for the blocks asked for.
+        """
+        for i in (*intermediates, *attentions):
+            if not -self.depth <= i < self.depth:
+                raise ValueError(f"block index {i} is out of range for depth {self.depth}")
+        want_out = {i % self.depth for i in intermediates}
+        want_attn = {i % self.depth for i in attentions}
+        window = self.window_for(grid) if grid is not None else None
+        if window is None and grid is None and (self.window_size is not None or self.num_windows is not None):
+            raise ValueError("windowed attention needs the tokens' patch grid (forward_tokens(grid=...))")
+        attn_mask = keys[:, None, None, :] if keys is not None else None
+        outs, attns = {}, {}
+        for i, blk in enumerate(self.blocks):
+            block_window = window if i not in self.global_attn_indexes else None
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x, attn = checkpoint(blk, x, attn_mask, i in want_attn, block_window, use_reentrant=False)
+            else:
+                x, attn = blk(x, attn_mask, i in want_attn, block_window)
+            if i in want_out:
+                outs[i] = x
+            if attn is not None:
+                attns[i] = attn
+        return self.norm(x), outs, attns
+
     def forward(
         self,
         x: torch.Tensor,
@@ -517,46 +585,16 @@ class VisionTransformer(nn.Module):
                 `forward_intermediates(norm=True)`; what HF's and RF-DETR's DINOv2 backbones
                 hand to their necks).
         """
-        b, _, height, width = x.shape
-        if image_sizes is None:
-            image_sizes = ImageSizes.full(b, (height, width))
-        elif len(image_sizes.sizes) != b or tuple(image_sizes.padded) != (height, width):
-            raise ValueError(
-                f"image_sizes describe {len(image_sizes.sizes)} images padded to {tuple(image_sizes.padded)}, "
-                f"but the batch is {b} images of {height} x {width}"
-            )
-        tokens = self.patch_embed(x, image_sizes)
+        tokens, image_sizes = self.embed(x, image_sizes)
         grid = (tokens.shape[1], tokens.shape[2])
-        image_sizes = image_sizes.at_stride(self.patch_size)
-        x = self._pos_embed(tokens, image_sizes)
-        attn_mask = None
-        if image_sizes.has_padding:
-            keep = ~image_sizes.mask(x.device).flatten(1)  # [B, N]: padding tokens are no keys
-            attn_mask = F.pad(keep, (self.num_prefix_tokens, 0), value=True)[:, None, None, :]
-
-        for i in (*intermediates, *attentions):
-            if not -self.depth <= i < self.depth:
-                raise ValueError(f"block index {i} is out of range for depth {self.depth}")
-        want_out = {i % self.depth for i in intermediates}
-        want_attn = {i % self.depth for i in attentions}
-        outs, attns = {}, {}
-        window = self.window_for(grid)
-        for i, blk in enumerate(self.blocks):
-            block_window = window if i not in self.global_attn_indexes else None
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x, attn = checkpoint(blk, x, attn_mask, i in want_attn, block_window, use_reentrant=False)
-            else:
-                x, attn = blk(x, attn_mask, i in want_attn, block_window)
-            if i in want_out:
-                outs[i] = x
-            if attn is not None:
-                attns[i] = attn
-        x = self.norm(x)
+        x = self.add_pos_embed(tokens, image_sizes)
+        keys = self.key_mask(image_sizes, x.device)
+        x, outs, attns = self.forward_tokens(x, keys, grid, intermediates, attentions)
 
         p = self.num_prefix_tokens
         prefix, patches = x[:, :p], x[:, p:]
-        if attn_mask is not None:
-            patches = patches.masked_fill(~attn_mask[:, 0, 0, p:, None], 0.0)
+        if keys is not None:
+            patches = patches.masked_fill(~keys[:, p:, None], 0.0)
         return ViTFeatures(
             cls_token=prefix[:, 0] if self.cls_token is not None else None,
             patch_tokens=patches,
