@@ -124,4 +124,4 @@ def test_a_bad_format_is_one_line(trained, capsys):
     with pytest.raises(SystemExit):
         main(["export", f"--ckpt_path={trained['cls'][1]}", "--format=tflite"])
     err = capsys.readouterr().err
-    assert err.startswith("vitdense: error: --format tflite: expected onnx or pt2") and "Traceback" not in err
+    assert err.startswith("vitdense: error: --format tflite: expected onnx, pt2 or weights") and "Traceback" not in err

@@ -1,6 +1,8 @@
 """`python -m vitdense export --ckpt_path run.ckpt --format onnx|pt2`: a checkpoint's model as
 one graph, with its normalisation inside, for runtimes without vitdense (onnxruntime,
-TensorRT, `torch.export.load`).
+TensorRT, `torch.export.load`). `--format weights` writes the backbone's weights alone, with
+timm's names, as `.safetensors` (what `backbone.checkpoint` and timm's `pretrained_cfg_overlay`
+load): e.g. a pre-trained encoder (`MaskedImageModelingTask`) for any downstream task.
 
 Every exported graph takes `images`: float32 [1, 3, H, W], RGB pixel values 0..255 (a
 decoded 8-bit image as floats), and normalises them as the checkpoint's data did. It returns
@@ -288,7 +290,7 @@ def export_checkpoint(
     from vitdense.checkpoint import Checkpoint, load_task
 
     if fmt not in ("onnx", "pt2"):
-        raise ConfigError(f"--format {fmt}: expected onnx or pt2")
+        raise ConfigError(f"--format {fmt}: expected onnx, pt2 or weights")
     found = Checkpoint(ckpt_path)
     model = load_task(found.path).model
     mean, std = found.data.get("mean"), found.data.get("std")
@@ -305,14 +307,31 @@ def export_checkpoint(
     return path, traced, outputs
 
 
+def export_backbone_weights(ckpt_path: str | Path, output: str | Path | None = None) -> tuple[Path, int]:
+    """Write a training checkpoint's backbone weights (timm names) to `.safetensors`; (file
+    written, number of tensors). The file loads with `backbone.checkpoint: FILE` into any task
+    whose backbone has the same architecture."""
+    from safetensors.torch import save_file
+
+    from vitdense.checkpoint import Checkpoint, load_model
+
+    found = Checkpoint(ckpt_path)
+    tensors = {k: v.contiguous() for k, v in load_model(found.path).backbone.state_dict().items()}
+    path = Path(output) if output else found.path.with_suffix(".safetensors")
+    save_file(tensors, str(path), metadata={"format": "pt", "source": str(found.path)})
+    return path, len(tensors)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m vitdense export",
         description="Export a checkpoint's model (normalisation included) to ONNX or torch.export's .pt2.",
     )
     p.add_argument("--ckpt_path", required=True, help="a checkpoint written by `python -m vitdense fit`")
-    p.add_argument("--format", default="onnx", help="onnx (default) or pt2")
-    p.add_argument("--output", help="file to write (default: the checkpoint's path with .onnx / .pt2)")
+    p.add_argument(
+        "--format", default="onnx", help="onnx (default), pt2, or weights (the backbone's, timm names, .safetensors)"
+    )
+    p.add_argument("--output", help="file to write (default: the checkpoint's path with .onnx / .pt2 / .safetensors)")
     p.add_argument("--height", type=int, help="example input height (default: the data's img_size)")
     p.add_argument("--width", type=int, help="example input width (default: the data's img_size)")
     p.add_argument("--no-dynamic", dest="dynamic", action="store_false", help="fix height and width to the example's")
@@ -321,6 +340,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if args.format == "weights":
+        path, count = export_backbone_weights(args.ckpt_path, args.output)
+        print(f"wrote {path} (the backbone's {count} tensors, timm names; load with backbone.checkpoint)")
+        return
     path, traced, outputs = export_checkpoint(
         args.ckpt_path, args.format, args.output, args.height, args.width, args.dynamic
     )

@@ -9,6 +9,7 @@ metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)
       LinearProbe       -> logits of every probe head [H, B, K]
       Segmenter         -> pixel logits [B, K, H, W]; `segment` slides windows over whole images
       DETRDetector      -> DetectionOutput; `detect` -> boxes at each image's original size
+      MaskedImageModel  -> MaskedImageOutput: a pre-training objective's predictions and targets
 """
 
 from __future__ import annotations
@@ -266,3 +267,31 @@ class DETRDetector(nn.Module):
         if image_sizes is None:
             image_sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
         return self.postprocess(self(images, image_sizes), orig_sizes or image_sizes.sizes)
+
+
+class MaskedImageModel(nn.Module):
+    """backbone + a self-supervised objective (`vitdense.pretrain`): images -> the
+    objective's predictions, targets and hidden patches (`MaskedImageOutput`).
+
+    The objective is the model's `head` as far as training goes (optimised with it), but
+    only the backbone is what pre-training is for: downstream tasks load `backbone.*`.
+    """
+
+    def __init__(self, backbone: VisionTransformer, objective: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.objective = objective
+
+    @property
+    def head(self) -> nn.Module:
+        return self.objective
+
+    def forward(
+        self,
+        images: torch.Tensor,
+        image_sizes: ImageSizes | None = None,
+        generator: torch.Generator | None = None,
+    ):
+        """images [B, 3, H, W] (padded, with their `ImageSizes`); `generator` draws the
+        masks (None: torch's global generator)."""
+        return self.objective(self.backbone, images, image_sizes, generator)

@@ -88,3 +88,35 @@ class PosEmbed(nn.Module):
 
     def extra_repr(self) -> str:
         return f"native_grid={self.native_grid}, num_prefix_tokens={self.num_prefix_tokens}"
+
+
+def sincos_2d(
+    embed_dim: int,
+    grid: GridSize,
+    temperature: float = 10000.0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Fixed 2D sine-cosine position embeddings [h * w, embed_dim], row-major over `grid`:
+    MAE's `get_2d_sincos_pos_embed` for any (h, w) (MAE builds square grids only).
+
+    As MAE's, the first half of the channels encodes the column and the second half the
+    row, each as [sin(pos * omega), cos(pos * omega)] with omega_i = temperature^(-i / (D/4)).
+    Absolute by index: position (r, c) means the same in every grid, so a padded batch
+    needs no resampling. Computed in float64 (MAE: numpy) and cast.
+    """
+    if embed_dim % 4:
+        raise ValueError(f"2D sine-cosine position embeddings need embed_dim divisible by 4, got {embed_dim}")
+    quarter = embed_dim // 4
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64, device=device) / quarter)
+    rows, cols = torch.meshgrid(
+        torch.arange(grid[0], dtype=torch.float64, device=device),
+        torch.arange(grid[1], dtype=torch.float64, device=device),
+        indexing="ij",
+    )
+
+    def embed_1d(pos: torch.Tensor) -> torch.Tensor:
+        angles = pos.reshape(-1, 1) * omega[None]  # [h * w, D / 4]
+        return torch.cat([angles.sin(), angles.cos()], dim=1)
+
+    return torch.cat([embed_1d(cols), embed_1d(rows)], dim=1).to(dtype)

@@ -351,6 +351,7 @@ class VisionTransformer(nn.Module):
         self.num_windows = num_windows
         self.global_attn_indexes = tuple(i % depth for i in global_attn_indexes)
         self.img_size: tuple[int, int] = to_2tuple(img_size)
+        self.in_chans = in_chans
         self.embed_dim = self.num_features = embed_dim
         self.depth = depth
         self.num_heads = num_heads

@@ -5,6 +5,15 @@ from vitdense.tasks.base import BaseTask
 from vitdense.tasks.classification import ClassificationTask
 from vitdense.tasks.detection import DetectionTask
 from vitdense.tasks.linear_probe import LinearProbeTask
+from vitdense.tasks.pretrain import MaskedImageModelingTask
 from vitdense.tasks.segmentation import SegmentationTask
 
-__all__ = ["BackboneConfig", "BaseTask", "ClassificationTask", "DetectionTask", "LinearProbeTask", "SegmentationTask"]
+__all__ = [
+    "BackboneConfig",
+    "BaseTask",
+    "ClassificationTask",
+    "DetectionTask",
+    "LinearProbeTask",
+    "MaskedImageModelingTask",
+    "SegmentationTask",
+]

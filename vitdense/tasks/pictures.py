@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from vitdense.draw import GREEN, RED, blend, caption, display_size, draw_boxes, hstack, legend, resize, tile, vstack
+from vitdense.pretrain import MaskedImageObjective, MaskedImageOutput, patchify, unpatchify
 
 
 def draw_classified(
@@ -99,6 +100,38 @@ def draw_detected(
             caption(predicted, [(f"prediction (score >= {score_threshold}: {len(keep)})", (0, 0, 0))]),
         ]
     )
+
+
+def draw_masked_patches(
+    objective: MaskedImageObjective, output: MaskedImageOutput, images: torch.Tensor
+) -> list[np.ndarray]:
+    """Per image of a pre-training batch, side by side: the input; the input with the hidden
+    patches grey (MAE's masked, or the paper's corrupted patches); for targets that are not
+    the pixels themselves (the 3-bit mean colour) the true target on the hidden patches;
+    and the prediction on the hidden patches (MAE: the reconstruction), visible patches
+    shown as they are.
+
+    images: the normalised padded batch [B, C, H, W] the output was computed on.
+    """
+    target, mean, std = objective.target, objective.pixel_mean, objective.pixel_std
+    patch_size = objective.patch_size
+    original = (patchify(images, patch_size).float() * std + mean).clamp(0, 1)  # [B, N, P * P, C]
+    hidden = output.hidden[..., None, None]
+    panels = {"input": original, "hidden (grey)": torch.where(hidden, torch.full_like(original, 0.5), original)}
+    if target.draws_truth:
+        panels["true target"] = torch.where(hidden, target.render(None, output.target, mean, std), original)
+    panels["prediction"] = torch.where(hidden, target.render(output.pred.detach(), output.target, mean, std), original)
+    grid = output.image_sizes.grid
+    pictures = {name: unpatchify(x, grid, patch_size) for name, x in panels.items()}  # [B, C, h * P, w * P]
+    drawn = []
+    for i, (h, w) in enumerate(output.image_sizes.at_stride(1).sizes):
+        size = display_size((h, w), min_side=128, max_side=256)
+        row = []
+        for name, picture in pictures.items():
+            pixels = (picture[i, :, :h, :w].permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy()
+            row.append(caption(resize(pixels, size), [(name, (0, 0, 0))]))
+        drawn.append(hstack(row))
+    return drawn
 
 
 def _nearest(labels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
