@@ -4,6 +4,7 @@ position and the mask token everywhere else, MAE's fixed sine-cosine encoder tab
 
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 
@@ -108,3 +109,29 @@ def test_windowed_backbones_are_refused_by_mae():
     mae = MaskedAutoencoder(backbone.embed_dim, backbone.patch_size, decoder_embed_dim=32, decoder_depth=1)
     with pytest.raises(ValueError, match="windowed"):
         mae(backbone, torch.zeros(1, 3, 32, 32))
+
+
+@pytest.mark.parametrize(("name", "names"), [("mae", 3), ("mpp", 4)])
+def test_validation_pictures_show_the_hidden_patches_and_the_prediction(name, names):
+    from vitdense.tasks import BackboneConfig, MaskedImageModelingTask
+    from vitdense.tasks.pictures import masked_panels
+    from vitdense.types import LabeledImages
+
+    backbone = BackboneConfig(img_size=32, model_args={"depth": 1, "patch_size": 8})
+    task = MaskedImageModelingTask(objective=OBJECTIVES[name], backbone=backbone).eval()
+    batch = LabeledImages(padded_batch(0.0), torch.full((3,), -1), torch.arange(3), SIZES)
+    with torch.no_grad():
+        output = task.forward_batch(batch, "val")
+        panels = masked_panels(task.objective, output, batch.image)
+        pictures = task.draw_batch(batch, [], None)
+    assert len(panels) == names and ("true target" in panels) == (name == "mpp")
+    hidden = output.hidden.reshape(3, 1, 4, 1, 5, 1).expand(3, 3, 4, 8, 5, 8).reshape(3, 3, 32, 40)
+    inputs = (batch.image * task.objective.pixel_std[:, None, None] + task.objective.pixel_mean[:, None, None]).clamp(
+        0, 1
+    )
+    torch.testing.assert_close(panels["input"], inputs)
+    assert (panels["hidden (grey)"][hidden] == 0.5).all()
+    for shown in ("hidden (grey)", "prediction"):  # visible patches show the input
+        torch.testing.assert_close(panels[shown][~hidden], inputs[~hidden])
+    assert not torch.equal(panels["prediction"][hidden], inputs[hidden])
+    assert len(pictures) == 3 and all(p.ndim == 3 and p.shape[2] == 3 and p.dtype == np.uint8 for p in pictures)

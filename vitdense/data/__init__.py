@@ -21,6 +21,7 @@ from vitdense.data.transforms import (
     normalization,
     seed_worker_transforms,
 )
+from vitdense.data.unlabeled import UnlabeledImages, UnlabeledImagesDataModule
 from vitdense.types import DetectedImages, LabeledImages, SegmentedImages
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "SyntheticSegmentation",
     "SyntheticSegmentationDataModule",
     "SyntheticShapes",
+    "UnlabeledImages",
+    "UnlabeledImagesDataModule",
     "classification_eval_transforms",
     "classification_train_transforms",
     "decode_image",

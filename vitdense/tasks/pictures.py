@@ -102,27 +102,33 @@ def draw_detected(
     )
 
 
-def draw_masked_patches(
+def masked_panels(
     objective: MaskedImageObjective, output: MaskedImageOutput, images: torch.Tensor
-) -> list[np.ndarray]:
-    """Per image of a pre-training batch, side by side: the input; the input with the hidden
-    patches grey (MAE's masked, or the paper's corrupted patches); for targets that are not
-    the pixels themselves (the 3-bit mean colour) the true target on the hidden patches;
-    and the prediction on the hidden patches (MAE: the reconstruction), visible patches
-    shown as they are.
+) -> dict[str, torch.Tensor]:
+    """The pictures of a pre-training batch, each [B, C, h * P, w * P] in [0, 1]: the input;
+    the input with the hidden patches grey (MAE's masked, or the paper's corrupted patches);
+    for targets that are not the pixels themselves (the 3-bit mean colour) the true target
+    on the hidden patches; and the prediction on the hidden patches (MAE: the
+    reconstruction). Visible patches show the input.
 
     images: the normalised padded batch [B, C, H, W] the output was computed on.
     """
     target, mean, std = objective.target, objective.pixel_mean, objective.pixel_std
-    patch_size = objective.patch_size
-    original = (patchify(images, patch_size).float() * std + mean).clamp(0, 1)  # [B, N, P * P, C]
+    original = (patchify(images, objective.patch_size).float() * std + mean).clamp(0, 1)  # [B, N, P * P, C]
     hidden = output.hidden[..., None, None]
     panels = {"input": original, "hidden (grey)": torch.where(hidden, torch.full_like(original, 0.5), original)}
     if target.draws_truth:
         panels["true target"] = torch.where(hidden, target.render(None, output.target, mean, std), original)
     panels["prediction"] = torch.where(hidden, target.render(output.pred.detach(), output.target, mean, std), original)
     grid = output.image_sizes.grid
-    pictures = {name: unpatchify(x, grid, patch_size) for name, x in panels.items()}  # [B, C, h * P, w * P]
+    return {name: unpatchify(x, grid, objective.patch_size) for name, x in panels.items()}
+
+
+def draw_masked_patches(
+    objective: MaskedImageObjective, output: MaskedImageOutput, images: torch.Tensor
+) -> list[np.ndarray]:
+    """Per image, `masked_panels` side by side, each cut to the image and captioned."""
+    pictures = masked_panels(objective, output, images)
     drawn = []
     for i, (h, w) in enumerate(output.image_sizes.at_stride(1).sizes):
         size = display_size((h, w), min_side=128, max_side=256)
