@@ -113,6 +113,10 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
         args.append("--data.init_args.img_size=64")  # the recipe's size costs minutes on a CPU
     if "FSDPStrategy" in str(cfg["trainer"].get("strategy")):  # ViT-L: 2 of its 24 blocks do on a CPU
         args.append("--model.init_args.backbone.model_args={depth: 2}")
+    if config.name.startswith("pretrain_"):  # ViT-B from scratch (and MAE's 8-block decoder): 2 blocks do
+        args.append("--model.init_args.backbone.model_args={depth: 2}")
+        if "MaskedAutoencoder" in str(cfg["model"]["init_args"]["objective"]):
+            args.append("--model.init_args.objective.init_args.decoder_depth=1")
     if cfg["model"]["init_args"].get("head", {}).get("class_path", "").endswith("LWDETRHead"):
         args.append("--model.init_args.head.init_args.num_queries=8")  # two-stage picks from the 64 px images' tokens
     args += [
