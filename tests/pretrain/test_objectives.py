@@ -135,3 +135,15 @@ def test_validation_pictures_show_the_hidden_patches_and_the_prediction(name, na
         torch.testing.assert_close(panels[shown][~hidden], inputs[~hidden])
     assert not torch.equal(panels["prediction"][hidden], inputs[hidden])
     assert len(pictures) == 3 and all(p.ndim == 3 and p.shape[2] == 3 and p.dtype == np.uint8 for p in pictures)
+
+
+def test_mae_decoder_follows_the_backbones_gradient_checkpointing():
+    from vitdense.tasks import BackboneConfig, MaskedImageModelingTask
+
+    backbone = BackboneConfig(img_size=32, model_args={"depth": 1, "patch_size": 8}, grad_checkpointing=True)
+    task = MaskedImageModelingTask(objective=OBJECTIVES["mae"], backbone=backbone)
+    assert task.objective.grad_checkpointing
+    batch = padded_batch(0.0)
+    loss = task.objective.loss(task.model(batch, SIZES, torch.Generator().manual_seed(0)))
+    loss.backward()  # through the recomputed decoder blocks
+    assert task.objective.decoder_blocks[0].attn.qkv.weight.grad is not None

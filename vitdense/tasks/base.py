@@ -147,10 +147,7 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
     def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
         """The head from its factory, for `backbone` (`self.num_classes` exists by now); a
         head with `set_grad_checkpointing` (timm's name) follows the backbone's setting."""
-        module = head(backbone.embed_dim, self.num_classes)
-        if backbone.grad_checkpointing and hasattr(module, "set_grad_checkpointing"):
-            module.set_grad_checkpointing(True)
-        return module
+        return follow_grad_checkpointing(head(backbone.embed_dim, self.num_classes), backbone)
 
     def build_model(self, backbone: VisionTransformer, head: nn.Module) -> nn.Module:
         """The plain `nn.Module` of the task (backbone, head and the task's own pre- and
@@ -295,6 +292,14 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         # lengths from the trainer, here rather than in configure_optimizers: the train loader exists by
         # now (restored to its position when resuming); asking earlier would build it before its state loads
         resolve_schedules(self.trainer)
+
+
+def follow_grad_checkpointing(module: nn.Module, backbone: VisionTransformer) -> nn.Module:
+    """`module` (a head), recomputing its blocks in backward too when the backbone does and
+    it can (`set_grad_checkpointing`, timm's name)."""
+    if backbone.grad_checkpointing and hasattr(module, "set_grad_checkpointing"):
+        module.set_grad_checkpointing(True)
+    return module
 
 
 def compile_unsupported(options: dict[str, Any], device: torch.device) -> str | None:

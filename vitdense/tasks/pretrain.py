@@ -16,7 +16,7 @@ from vitdense.backbone import VisionTransformer
 from vitdense.models import MaskedImageModel
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.pretrain import MaskedAutoencoder, MaskedImageObjective, MaskedImageOutput
-from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage, follow_grad_checkpointing
 from vitdense.tasks.pictures import draw_masked_patches
 from vitdense.types import LabeledImages, Losses
 
@@ -87,9 +87,9 @@ class MaskedImageModelingTask(BaseTask):
     def configure_head(self, head: ObjectiveFactory, backbone: VisionTransformer) -> nn.Module:
         """The objective for this backbone; from scratch, the objective may set up the
         backbone its recipe's way (MAE: fixed sine-cosine position embeddings)."""
-        objective = head(backbone.embed_dim, backbone.patch_size, backbone.in_chans)
-        if backbone.grad_checkpointing and hasattr(objective, "set_grad_checkpointing"):
-            objective.set_grad_checkpointing(True)
+        objective = follow_grad_checkpointing(
+            head(backbone.embed_dim, backbone.patch_size, backbone.in_chans), backbone
+        )
         config = self.backbone_config
         if not config.pretrained and config.checkpoint is None:
             objective.prepare_backbone(backbone)
