@@ -70,7 +70,8 @@ class MaskedImageObjective(nn.Module):
         (MAE: fixed sine-cosine position embeddings). Called by the task; default: nothing."""
 
     def targets(self, images: torch.Tensor, image_sizes: ImageSizes) -> tuple:
-        """The target of every patch of images [B, C, H, W] padded as `image_sizes` says."""
+        """The target of every patch of images [B, C, H, W] padded as `image_sizes` (at any
+        stride) says."""
         patches = patchify(images, self.patch_size)
         valid = pixel_validity(image_sizes, self.patch_size, images.device)
         return self.target(patches, valid, self.patch_size, self.pixel_mean, self.pixel_std)
@@ -147,7 +148,7 @@ class MaskedPatchPrediction(MaskedImageObjective):
         x = backbone.add_pos_embed(x.reshape(b, h, w, d), sizes)
         x, _, _ = backbone.forward_tokens(x, backbone.key_mask(sizes, x.device), (h, w))
         pred = self.predictor(x[:, backbone.num_prefix_tokens :])
-        return MaskedImageOutput(pred, self.targets(images, sizes.at_stride(1)), c.corrupted, sizes)
+        return MaskedImageOutput(pred, self.targets(images, sizes), c.corrupted, sizes)
 
 
 class MaskedAutoencoder(MaskedImageObjective):
@@ -246,7 +247,7 @@ class MaskedAutoencoder(MaskedImageObjective):
             keys = torch.cat([m.keep_valid.new_ones(x.shape[0], p), m.keep_valid], 1)
         latent, _, _ = backbone.forward_tokens(torch.cat([x[:, :p], visible], 1), keys)
         pred = self.decode(latent, m, p, (h, w), backbone.key_mask(sizes, images.device))
-        return MaskedImageOutput(pred, self.targets(images, sizes.at_stride(1)), m.masked, sizes)
+        return MaskedImageOutput(pred, self.targets(images, sizes), m.masked, sizes)
 
     def decode(
         self,

@@ -126,6 +126,11 @@ class MeanColorTarget(PatchTarget):
             raise ValueError(f"MeanColorTarget(cells={self.cells}) needs patches divisible by it, not {patch_size}")
         return self.cells**2 * self.levels**channels
 
+    def place_values(self, channels: int, device: torch.device) -> torch.Tensor:
+        """[C] weight of each channel's level in the class index, the first channel most
+        significant (r * 64 + g * 8 + b for 3 bits)."""
+        return self.levels ** torch.arange(channels - 1, -1, -1, device=device)
+
     def cell_view(self, x: torch.Tensor, patch_size: tuple[int, int]) -> torch.Tensor:
         """[B, N, ph * pw, ...] -> [B, N, cells * cells, pixels per cell, ...]."""
         (ph, pw), k = patch_size, self.cells
@@ -147,8 +152,7 @@ class MeanColorTarget(PatchTarget):
         total = weights.sum(-1)
         colour = (self.cell_view(pixels, patch_size) * weights[..., None]).sum(-2) / total.clamp(min=1)[..., None]
         levels = (colour * self.levels).floor().long().clamp(0, self.levels - 1)  # [B, N, cells^2, C]
-        place = self.levels ** torch.arange(levels.shape[-1] - 1, -1, -1, device=levels.device)  # r most significant
-        bins = (levels * place).sum(-1)
+        bins = (levels * self.place_values(levels.shape[-1], levels.device)).sum(-1)
         return ColorBins(bins.masked_fill(total == 0, -100), patch_size)
 
     def logits(self, pred: torch.Tensor) -> torch.Tensor:
@@ -170,8 +174,9 @@ class MeanColorTarget(PatchTarget):
     ) -> torch.Tensor:
         bins = target.bins.clamp(min=0) if pred is None else self.logits(pred).argmax(-1)  # [B, N, cells^2]
         channels = mean.numel()
-        place = self.levels ** torch.arange(channels - 1, -1, -1, device=bins.device)
-        colour = ((bins[..., None] // place) % self.levels + 0.5) / self.levels  # [B, N, cells^2, C], level centres
+        colour = (
+            (bins[..., None] // self.place_values(channels, bins.device)) % self.levels + 0.5
+        ) / self.levels  # [B, N, cells^2, C], level centres
         (ph, pw), k = target.patch_size, self.cells
         b, n = bins.shape[:2]
         cells = colour.reshape(b, n, k, 1, k, 1, channels).expand(b, n, k, ph // k, k, pw // k, channels)
