@@ -110,7 +110,9 @@ class Segmenter(nn.Module):
         and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
         Pixels beyond an image's own size (`image_sizes`) are padding.
         """
-        masks = self.head(self.backbone(images, image_sizes))
+        # channels-last, as the decoders emit it ([B, N, K] transposed): the upsampled logits
+        # stay [B, H, W, K] in memory, the rows `pixel_cross_entropy` reads without a copy
+        masks = self.head(self.backbone(images, image_sizes)).contiguous(memory_format=torch.channels_last)
         ph, pw = self.backbone.patch_size
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)

@@ -14,7 +14,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MetricCollection
@@ -23,6 +22,7 @@ from vitdense.backbone import VisionTransformer
 from vitdense.callbacks import SegmentationPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads.segmenter import MaskTransformerDecoder
+from vitdense.losses.pixel_losses import pixel_cross_entropy
 from vitdense.metrics import SegmentationMetrics
 from vitdense.models import Segmenter
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
@@ -141,9 +141,7 @@ class SegmentationTask(BaseTask):
         total = torch.zeros((), device=self.device)
         weight_sum = torch.zeros((), device=self.device)
         for logits, target in zip(output.logits, output.targets, strict=True):
-            total = total + F.cross_entropy(
-                logits.float(), target, weight=self.class_weights, ignore_index=self.ignore_index, reduction="sum"
-            )
+            total = total + pixel_cross_entropy(logits, target, self.class_weights, self.ignore_index)
             labelled = target[target != self.ignore_index]
             weight_sum = weight_sum + (
                 self.class_weights[labelled].sum() if self.class_weights is not None else labelled.numel()
