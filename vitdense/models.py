@@ -104,15 +104,18 @@ class Segmenter(nn.Module):
         self.window = window
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
-        """Pixel logits [B, K, H, W] for images [B, 3, H, W] of any size.
+        """Pixel logits [B, K, H, W] (fp32, channels-last memory) for images [B, 3, H, W] of any size.
 
         The decoder's patch-level masks are upsampled (bilinear) to the padded grid's pixels
         and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
         Pixels beyond an image's own size (`image_sizes`) are padding.
         """
-        # channels-last, as the decoders emit it ([B, N, K] transposed): the upsampled logits
-        # stay [B, H, W, K] in memory, the rows `pixel_cross_entropy` reads without a copy
-        masks = self.head(self.backbone(images, image_sizes)).contiguous(memory_format=torch.channels_last)
+        # fp32 and channels-last (as the decoders emit it: [B, N, K] transposed) at the patch
+        # grid, where it costs nothing: the upsampled logits are then fp32 under autocast (no
+        # cast of [B, K, H, W] for the loss) and [B, H, W, K] in memory, the rows
+        # `pixel_cross_entropy` reads without a copy
+        masks = self.head(self.backbone(images, image_sizes))
+        masks = masks.float().contiguous(memory_format=torch.channels_last)
         ph, pw = self.backbone.patch_size
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)

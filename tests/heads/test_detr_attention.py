@@ -10,12 +10,19 @@ from vitdense.heads import detr
 from vitdense.heads.detr import DETRDecoderLayer, DETREncoderLayer
 
 
-def test_explicit_only_for_bf16_on_cpu():
-    x = torch.zeros(1, 2, 8)
+@pytest.mark.parametrize("amx", [False, True])
+def test_explicit_only_for_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
+    """fp32 and fp16 always fused; bf16 (the dtype, or autocast's) explicit on a CPU without
+    AMX, and with AMX only for training sequences of up to 1024 queries."""
+    monkeypatch.setattr("vitdense.backbone.vit._cpu_has_amx", lambda: amx)
+    x, long = torch.zeros(1, 2, 8), torch.zeros(1, 1025, 8)
     assert fused_attention(x)
     assert not fused_attention(x.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not fused_attention(x)  # fp32 inputs that autocast computes in bf16
+        assert fused_attention(long) == amx
+        with torch.no_grad():
+            assert fused_attention(x) == amx
     with torch.autocast("cpu", dtype=torch.float16):
         assert fused_attention(x)
 

@@ -10,6 +10,7 @@ batch-mates.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
@@ -26,17 +27,39 @@ AttnImpl = Literal["auto", "sdpa", "math"]
 
 
 def fused_attention(x: torch.Tensor) -> bool:
-    """Whether attention over `x` should take torch's fused `scaled_dot_product_attention`
-    rather than an explicit softmax(QK^T)V: everywhere except in bfloat16 on CPU, where the
-    explicit path is faster (measured: `python -m vitdense.bench backbone --precision bf16`,
-    README). bfloat16 means the tensor's dtype or, under CPU autocast, the autocast dtype
-    (`nn.MultiheadAttention` receives fp32 inputs and computes in bf16). The one rule for
-    the backbone's `Attention` and the DETR layers."""
+    """Whether attention with queries `x` ([..., T, d]: T queries) should take torch's fused
+    `scaled_dot_product_attention` rather than an explicit softmax(QK^T)V. The one rule for
+    the backbone's `Attention` and the DETR layers; measured with `python -m vitdense.bench
+    backbone --precision bf16` and per kernel (README, "Benchmarks"):
+
+    - off CPU, and in fp32: fused.
+    - bfloat16 on a CPU with AMX: fused in inference (2-7x faster than explicit) and for
+      training sequences over 1024 tokens (2x at 4097); explicit in training up to 1024
+      tokens (2x faster at 197, equal at 1025).
+    - bfloat16 on a CPU without AMX (AVX512-BF16, or AVX2 emulating it): explicit.
+
+    bfloat16 means the tensor's dtype or, under CPU autocast, the autocast dtype
+    (`nn.MultiheadAttention` receives fp32 inputs and computes in bf16)."""
     if x.device.type != "cpu":
         return True
-    if x.dtype == torch.bfloat16:
+    autocast_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    if x.dtype != torch.bfloat16 and not autocast_bf16:
+        return True
+    if not _cpu_has_amx():
         return False
-    return not (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    return not torch.is_grad_enabled() or x.shape[-2] > _EXPLICIT_MAX_TOKENS
+
+
+# bf16 training with AMX: the longest query sequence still faster through the explicit path
+_EXPLICIT_MAX_TOKENS = 1024
+
+
+@functools.cache
+def _cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (bf16 matrix units); torch's private probe, False if
+    this torch has none."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
 
 
 class Window(NamedTuple):
@@ -121,8 +144,8 @@ class PatchEmbed(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention with a key padding mask.
 
-    `attn_impl="auto"` follows `fused_attention`: torch's fused kernel except in bfloat16
-    on CPU.
+    `attn_impl="auto"` follows `fused_attention` (torch's fused kernel except for some
+    bfloat16 cases on CPU); "sdpa" and "math" (explicit) force one.
     """
 
     def __init__(
