@@ -180,13 +180,15 @@ def test_two_nodes_train_the_weights_of_one_process_detection(tmp_path):
     assert reference.returncode == 0, err.decode()[-3000:]
     single, nodes = tmp_path / "single" / "checkpoints", tmp_path / "nodes" / "checkpoints"
     assert max_difference(weights(single / "step=1.ckpt"), weights(single / "last.ckpt")) > 1e-3
-    # per step, the differences of summing in another order (the images are padded to their batch's
-    # largest, 4 images or 2): 2e-7 after 1 step, 1e-6 after 3, 1.8e-6 after 8 measured; with the
-    # decoder's dropout on (0.1, drawn differently in each process) it was 2.5e-3 after one
-    diffs = [max_difference(weights(single / f"step={n}.ckpt"), weights(nodes / f"step={n}.ckpt")) for n in (2, 8)]
-    print(f"detection, 2 nodes vs 1 process: max |difference| {diffs[0]:.3g} after 2 steps, {diffs[1]:.3g} after 8")
-    assert diffs[0] <= 1e-6
-    assert diffs[1] <= 1e-5
+    # the differences of summing in another order (the images are padded to their batch's
+    # largest, 4 images or 2): 2e-7 after 1 step, 6e-7 after 2. They grow with every step, at a
+    # rate that depends on the CPU's kernels: 1.8e-6 after 8 on an AMD EPYC, but x10 per step on
+    # an Intel Xeon (AMX), 4e-5 after 4 and 9e-3 after 5, where near ties in the matching or
+    # the two-stage selection flip. With the decoder's dropout on (0.1, drawn differently in
+    # each process) it was 2.5e-3 after one.
+    diffs = [max_difference(weights(single / f"step={n}.ckpt"), weights(nodes / f"step={n}.ckpt")) for n in (1, 2)]
+    print(f"detection, 2 nodes vs 1 process: max |difference| {diffs[0]:.3g} after 1 step, {diffs[1]:.3g} after 2")
+    assert max(diffs) <= 1e-6
 
 
 def test_a_one_process_checkpoint_resumes_on_two_nodes(segmentation):

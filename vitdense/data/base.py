@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from types import FrameType
@@ -19,6 +20,8 @@ import albumentations as A
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
@@ -193,8 +196,11 @@ class LoaderConfig:
     Attributes:
         batch_size: training batch size (per process).
         eval_batch_size: validation/test/predict batch size; None: `batch_size`.
-        num_workers: loader worker processes (0: load in the main process).
-        pin_memory: copy batches into page-locked memory (faster host-to-GPU copies).
+        num_workers: loader worker processes per training process (0: load in the main
+            process); "auto": from this machine (`auto_num_workers`). Workers persist across
+            epochs.
+        pin_memory: copy batches into page-locked memory (faster host-to-GPU copies);
+            "auto": when the trainer runs on CUDA.
         on_bad_sample: what an unreadable sample (corrupt, truncated or empty file, a label
             map that does not fit its image) does: "raise" stops with the file named;
             "skip" leaves it out of its batch, logs the file, and logs the epoch's total
@@ -203,23 +209,63 @@ class LoaderConfig:
 
     batch_size: int = 32
     eval_batch_size: int | None = None
-    num_workers: int = 0
-    pin_memory: bool = False
+    num_workers: int | Literal["auto"] = "auto"
+    pin_memory: bool | Literal["auto"] = "auto"
     on_bad_sample: Literal["raise", "skip"] = "raise"
 
     def __post_init__(self) -> None:
         if self.on_bad_sample not in ("raise", "skip"):
             raise DataError(f"data.init_args.loader.on_bad_sample={self.on_bad_sample!r}: choose raise or skip")
         require_positive(**{"loader.batch_size": self.batch_size, "loader.eval_batch_size": self.eval_batch_size})
-        if self.num_workers < 0:
+        if self.num_workers != "auto" and (not isinstance(self.num_workers, int) or self.num_workers < 0):
             raise DataError(
-                f"data.init_args.loader.num_workers={self.num_workers}: must be 0 (load in the main process) or more"
+                f"data.init_args.loader.num_workers={self.num_workers!r}: must be 0 (load in the main process), "
+                "more, or auto (from this machine's CPUs)"
             )
+        if self.pin_memory not in (True, False, "auto"):
+            raise DataError(f"data.init_args.loader.pin_memory={self.pin_memory!r}: choose true, false or auto")
 
     @property
     def eval_size(self) -> int:
         """The evaluation batch size (`eval_batch_size`, else `batch_size`)."""
         return self.eval_batch_size or self.batch_size
+
+    def resolved(self, processes: int = 1, cuda: bool = False) -> LoaderConfig:
+        """This config with "auto" settled for `processes` training processes on this
+        machine, on CUDA or not."""
+        workers = auto_num_workers(available_cpus(), processes) if self.num_workers == "auto" else self.num_workers
+        pin = cuda if self.pin_memory == "auto" else self.pin_memory
+        return replace(self, num_workers=workers, pin_memory=pin)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. a SLURM allocation), else
+    the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def auto_num_workers(cpus: int, processes: int) -> int:
+    """Loader workers for each of `processes` training processes sharing `cpus` CPUs: none
+    while a process has two CPUs or fewer (measured on 2 cores, `python -m vitdense.bench
+    data`: one worker is slower than none, since the batches cross processes and the worker
+    has no core of its own), else one per CPU beyond the process's own, at most 8 (the paper
+    recipes' count per GPU)."""
+    per_process = cpus // max(processes, 1)
+    return 0 if per_process <= 2 else min(8, per_process - 1)
+
+
+def loader_machine(trainer: L.Trainer | None) -> tuple[int, bool]:
+    """(training processes sharing this process's CPUs, whether they run on CUDA) for "auto"
+    loader settings: the trainer's devices, or 1 when SLURM started each process as its own
+    task (its CPU allocation, `--cpus-per-task`, is its own); without a trainer, one
+    process, on CUDA if there is one."""
+    if trainer is None:
+        return 1, torch.cuda.is_available()
+    own_cpus = isinstance(getattr(trainer.strategy, "cluster_environment", None), SLURMEnvironment)
+    return 1 if own_cpus else trainer.num_devices, isinstance(trainer.accelerator, CUDAAccelerator)
 
 
 def loader_key_hint(message: str) -> str:
@@ -355,8 +401,11 @@ class ImageDataModule(L.LightningDataModule):
         if self.loader.on_bad_sample == "skip":
             dataset = self._skipping[split] = SkipBadSamples(dataset)
             collate = partial(skip_collate, collate=collate)
+        loader = self.loader.resolved(*loader_machine(self.trainer))
+        if train and self.loader != loader:
+            _logger.info("data loader: %d workers, pin_memory %s (loader: auto)", loader.num_workers, loader.pin_memory)
         trainer = (lambda: self.trainer) if train else None
-        return image_dataloader(dataset, self.loader, train, collate, trainer)
+        return image_dataloader(dataset, loader, train, collate, trainer)
 
     def take_skipped(self, stage: str) -> int:
         """Bad samples skipped in `stage` ("train", "val", "test", "predict") since the last

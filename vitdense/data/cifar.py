@@ -76,7 +76,7 @@ class CIFARImages(Dataset):
         return LabeledImages(image, int(self.labels[i]), index)
 
 
-CIFAR_LOADER = LoaderConfig(batch_size=64, num_workers=4)
+CIFAR_LOADER = LoaderConfig(batch_size=64)
 
 
 class CIFARDataModule(ClassificationDataModule):

@@ -221,7 +221,7 @@ def coco_results(
 
 
 #: DETR's 2 images per GPU
-COCO_LOADER = LoaderConfig(batch_size=2, num_workers=2)
+COCO_LOADER = LoaderConfig(batch_size=2)
 
 
 class COCODataModule(DetectionDataModule):

@@ -124,7 +124,7 @@ class ImageFolderDataset(Dataset):
         return LabeledImages(image, label, index)
 
 
-IMAGEFOLDER_LOADER = LoaderConfig(batch_size=64, num_workers=4)
+IMAGEFOLDER_LOADER = LoaderConfig(batch_size=64)
 
 
 class ImageFolderDataModule(ClassificationDataModule):

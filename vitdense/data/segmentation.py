@@ -195,7 +195,7 @@ class SegmentationFolderDataset(Dataset):
 
 
 #: Segmenter's ADE20K batch of 8 crops; evaluation takes whole images of different sizes one by one
-SEGMENTATION_LOADER = LoaderConfig(batch_size=8, eval_batch_size=1, num_workers=4)
+SEGMENTATION_LOADER = LoaderConfig(batch_size=8, eval_batch_size=1)
 
 
 class SegmentationDataModule(ImageDataModule):
