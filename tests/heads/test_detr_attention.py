@@ -13,9 +13,9 @@ from vitdense.heads.detr import DETRDecoderLayer, DETREncoderLayer
 @pytest.mark.parametrize("amx", [False, True])
 def test_explicit_only_for_bf16_on_cpu(monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
     """fp32 and fp16 always fused; bf16 (the dtype, or autocast's) explicit on a CPU without
-    AMX, and with AMX only for training sequences of up to 1024 queries."""
+    AMX, and with AMX only for training sequences of up to 2048 queries."""
     monkeypatch.setattr("vitdense.backbone.vit._cpu_has_amx", lambda: amx)
-    x, long = torch.zeros(1, 2, 8), torch.zeros(1, 1025, 8)
+    x, long = torch.zeros(1, 2, 8), torch.zeros(1, 2049, 8)
     assert fused_attention(x)
     assert not fused_attention(x.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):

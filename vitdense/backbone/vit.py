@@ -34,8 +34,10 @@ def fused_attention(x: torch.Tensor) -> bool:
 
     - off CPU, and in fp32: fused.
     - bfloat16 on a CPU with AMX: fused in inference (2-7x faster than explicit) and for
-      training sequences over 1024 tokens (2x at 4097); explicit in training up to 1024
-      tokens (2x faster at 197, equal at 1025).
+      training sequences over 2048 tokens; explicit in training up to 2048 tokens. The
+      training steps (`python -m vitdense.bench train-step --task seg --precision bf16`)
+      were 1.25x faster explicit at 1025 tokens (512 px) and 1.12x faster fused at 4097
+      (1024 px), about equal at 2305 (768 px), where fused keeps less memory.
     - bfloat16 on a CPU without AMX (AVX512-BF16, or AVX2 emulating it): explicit.
 
     bfloat16 means the tensor's dtype or, under CPU autocast, the autocast dtype
@@ -50,8 +52,8 @@ def fused_attention(x: torch.Tensor) -> bool:
     return not torch.is_grad_enabled() or x.shape[-2] > _EXPLICIT_MAX_TOKENS
 
 
-# bf16 training with AMX: the longest query sequence still faster through the explicit path
-_EXPLICIT_MAX_TOKENS = 1024
+# bf16 training with AMX: the longest query sequence that takes the explicit path
+_EXPLICIT_MAX_TOKENS = 2048
 
 
 @functools.cache
