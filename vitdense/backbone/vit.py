@@ -26,24 +26,29 @@ from vitdense.types import ImageSizes, _ceil_div
 AttnImpl = Literal["auto", "sdpa", "math"]
 
 
-def fused_attention(x: torch.Tensor) -> bool:
-    """Whether attention with queries `x` ([..., T, d]: T queries) should take torch's fused
-    `scaled_dot_product_attention` rather than an explicit softmax(QK^T)V. The one rule for
-    the backbone's `Attention` and the DETR layers; measured with `python -m vitdense.bench
-    backbone --precision bf16` and per kernel (README, "Benchmarks"):
+def fused_attention(x: torch.Tensor, dropout: float = 0.0) -> bool:
+    """Whether attention with queries `x` ([..., T, d]: T queries) and attention dropout
+    `dropout` (0 outside training) should take torch's fused `scaled_dot_product_attention`
+    rather than an explicit softmax(QK^T)V. The one rule for the backbone's `Attention` and
+    the DETR layers; measured per kernel and in `python -m vitdense.bench train-step`
+    (README, "Benchmarks"):
 
-    - off CPU, and in fp32: fused.
+    - off CPU: fused.
+    - on CPU with attention dropout: explicit. torch has no fused CPU kernel with dropout;
+      SDPA falls back to its unfused math path, slower than the explicit one (Segmenter's
+      decoder, bf16 on AMX: 1.24x the whole step explicit).
+    - fp32 (and fp16): fused.
     - bfloat16 on a CPU with AMX: fused in inference (2-7x faster than explicit) and for
-      training sequences over 2048 tokens; explicit in training up to 2048 tokens. The
-      training steps (`python -m vitdense.bench train-step --task seg --precision bf16`)
-      were 1.25x faster explicit at 1025 tokens (512 px) and 1.12x faster fused at 4097
-      (1024 px), about equal at 2305 (768 px), where fused keeps less memory.
+      training sequences over 1024 tokens (equal speed at 1025 with less memory kept,
+      1.12x the step at 4097); explicit for shorter ones in training (2x at 197).
     - bfloat16 on a CPU without AMX (AVX512-BF16, or AVX2 emulating it): explicit.
 
     bfloat16 means the tensor's dtype or, under CPU autocast, the autocast dtype
     (`nn.MultiheadAttention` receives fp32 inputs and computes in bf16)."""
     if x.device.type != "cpu":
         return True
+    if dropout > 0:
+        return False
     autocast_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     if x.dtype != torch.bfloat16 and not autocast_bf16:
         return True
@@ -53,7 +58,7 @@ def fused_attention(x: torch.Tensor) -> bool:
 
 
 # bf16 training with AMX: the longest query sequence that takes the explicit path
-_EXPLICIT_MAX_TOKENS = 2048
+_EXPLICIT_MAX_TOKENS = 1024
 
 
 @functools.cache
@@ -171,9 +176,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def _use_sdpa(self, q: torch.Tensor) -> bool:
+    def _use_sdpa(self, q: torch.Tensor, dropout: float) -> bool:
         if self.attn_impl == "auto":
-            return fused_attention(q)
+            return fused_attention(q, dropout)
         return self.attn_impl == "sdpa"
 
     def forward(
@@ -209,7 +214,7 @@ class Attention(nn.Module):
         """softmax(q k^T / sqrt(d)) v over [N, heads, T, d] with a bool key mask broadcastable
         to [N, heads, T_q, T_k] (True: may attend); fused or explicit (`fused_attention`)."""
         drop = self.attn_drop if self.training else 0.0
-        if self._use_sdpa(q) and not return_attention:
+        if self._use_sdpa(q, drop) and not return_attention:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop), None
         attn = (q * self.scale) @ k.transpose(-2, -1)
         if mask is not None:

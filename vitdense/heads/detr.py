@@ -206,7 +206,8 @@ class DETREncoderLayer(nn.Module):
         """src, pos [B, N, d]; padding [B, N] True on padding tokens -> [B, N, d]."""
         q = k = src + pos
         # need_weights=True takes nn.MultiheadAttention's explicit path, False the fused kernel
-        attn = self.self_attn(q, k, src, key_padding_mask=padding, need_weights=not fused_attention(src))[0]
+        explicit = not fused_attention(src, self.self_attn.dropout if self.training else 0.0)
+        attn = self.self_attn(q, k, src, key_padding_mask=padding, need_weights=explicit)[0]
         src = self.norm1(src + self.dropout(attn))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
         return self.norm2(src + self.dropout(ffn))
@@ -240,7 +241,7 @@ class DETRDecoderLayer(nn.Module):
         tokens of the memory; self_attn_mask [Q, Q] True where a query may not look (other groups);
         cross_attn_bias [B * heads, Q, N] added to the cross-attention logits."""
         q = k = tgt + query_pos
-        explicit = not fused_attention(tgt)
+        explicit = not fused_attention(tgt, self.self_attn.dropout if self.training else 0.0)
         attn = self.self_attn(q, k, tgt, attn_mask=self_attn_mask, need_weights=explicit)[0]
         tgt = self.norm1(tgt + self.dropout(attn))
         if cross_attn_bias is not None and padding is not None:
