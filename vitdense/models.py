@@ -104,7 +104,8 @@ class Segmenter(nn.Module):
         self.window = window
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
-        """Pixel logits [B, K, H, W] (fp32, channels-last memory) for images [B, 3, H, W] of any size.
+        """Pixel logits [B, K, H, W] (fp32; channels-last memory for B > 1) for images
+        [B, 3, H, W] of any size.
 
         The decoder's patch-level masks are upsampled (bilinear) to the padded grid's pixels
         and cropped back to H x W: the backbone pads right/bottom to a multiple of the patch.
