@@ -100,7 +100,7 @@ def test_linear_probe_predicts_with_its_best_head(predicted):
     """A linear probe (built here, with the demo's data) predicts with the head that
     validated best, as its task's `predict_step` does."""
     photos, out = predicted
-    data = vitdense.load(out["cls"][0]).datamodule
+    data = vitdense.load(out["cls"][0]).data
     task = LinearProbeTask(
         num_classes=4,
         lrs=[0.1, 0.01],
@@ -108,7 +108,7 @@ def test_linear_probe_predicts_with_its_best_head(predicted):
     )
     task.best_head.fill_(1)
     probe = Predictor(task, data)
-    sample = probe._to_sample(np.asarray(Image.open(photos / "a.jpg").convert("RGB")), 0)
+    sample = probe.sample(np.asarray(Image.open(photos / "a.jpg").convert("RGB")), 0)
     [expected], _ = through_the_trainer(probe.task, [sample])
     result = probe(photos / "a.jpg")
     assert result.classes == expected.classes[0].tolist() and result.names == [str(k) for k in result.classes]
@@ -176,7 +176,7 @@ def test_a_checkpoint_fitted_from_python_predicts(fitted_from_python):
     task, ckpt = fitted_from_python
     predictor = vitdense.load(ckpt)
     pixels = np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)
-    sample = predictor.datamodule.predict_sample()(pixels, 0)
+    sample = predictor.sample(pixels, 0)
     with torch.no_grad():
         probs = task.model(sample.image[None]).softmax(-1)[0]
     result = predictor(pixels)

@@ -5,8 +5,6 @@ They sit below the tasks (which hand them out) and import no task."""
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -14,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
-from PIL import Image
 
 from vitdense.checkpoint import ResumeRNG
-from vitdense.draw import blend, draw_boxes, palette_of
+from vitdense.preprocess import LabelInfo
+from vitdense.results import ClassificationResult, ResultContext, WriteOptions
 
 _logger = logging.getLogger(__name__)
 
@@ -107,28 +104,56 @@ class SkippedSamples(L.Callback):
         self.report(trainer, pl_module, "predict")
 
 
-class TopKPredictionWriter(BasePredictionWriter):
-    """Write the top-k classes of every predicted image to a CSV file.
-
-    One row per image: `index` (in its dataset), `path` (when the dataset has `samples`,
-    as ImageFolder does), then `class_1, prob_1, ..., class_k, prob_k` with class names
-    when the task has them. With several processes each writes `<stem>.rank<r>.csv`.
+class ResultWriter(BasePredictionWriter):
+    """Write what a task predicts through its result type (`task.to_results`, see
+    `vitdense.results`): each image's files (`Result.write`: segmentation's label-map PNGs
+    and overlays, detection's drawn boxes) named after the image, and the run's table
+    (`Result.rows`: classification's CSV, detection's COCO results JSON). It holds no list
+    of task types: a task of yours with its own result type is written the same way.
 
     Args:
-        output_file: where to write (folders are created).
+        output_dir: where the result type's own layout goes (`<table_name>` and
+            `<files_folder>/<name>...`); None: only what `table_file` / `files_dir` say.
+        table_file: the table's path instead of `<output_dir>/<table_name>`.
+        files_dir: the images' files' folder instead of `<output_dir>/<files_folder>`.
+        pictures: also write pictures (overlays, drawn boxes).
+        score_threshold: boxes drawn from this score on (the table keeps every detection).
+        alpha: weight of the class colours in overlays.
+
+    With several processes each writes `<table stem>.rank<r><suffix>`.
     """
 
-    def __init__(self, output_file: str = "predictions.csv") -> None:
+    def __init__(
+        self,
+        output_dir: str | None = "predictions",
+        table_file: str | None = None,
+        files_dir: str | None = None,
+        pictures: bool = True,
+        score_threshold: float = 0.5,
+        alpha: float = 0.5,
+    ) -> None:
         super().__init__(write_interval="batch")
-        self.output_file = Path(output_file)
-        self._writer = None
-        self._file = None
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.table_file = Path(table_file) if table_file is not None else None
+        self.files_dir = Path(files_dir) if files_dir is not None else None
+        self.options = WriteOptions(pictures, score_threshold, alpha)
+        self.rows: list[dict[str, Any]] = []
+        self.result_type: type | None = None
+
+    def table_path(self, result_type: type) -> Path | None:
+        if self.table_file is not None:
+            return self.table_file
+        name = getattr(result_type, "table_name", None)
+        return self.output_dir / name if self.output_dir is not None and name else None
+
+    def files_path(self, result_type: type) -> Path | None:
+        if self.files_dir is not None:
+            return self.files_dir
+        name = getattr(result_type, "files_folder", None)
+        return self.output_dir / name if self.output_dir is not None and name else None
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = rank_path(self.output_file, trainer)
-        self._file = path.open("w", newline="")
-        self._writer = csv.writer(self._file)
-        self.path = path
+        self.rows, self.result_type = [], None
 
     def write_on_batch_end(
         self,
@@ -142,25 +167,63 @@ class TopKPredictionWriter(BasePredictionWriter):
     ) -> None:
         if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
             return
-        names = getattr(pl_module, "class_names", None)
         dataset = predicted_dataset(trainer, dataloader_idx)
-        k = prediction.classes.shape[1]
-        if batch_idx == 0 and self._file.tell() == 0:
-            header = ["index", "path"] + [f"{c}_{i}" for i in range(1, k + 1) for c in ("class", "prob")]
-            self._writer.writerow(header)
-        for index, probs, classes in zip(
-            prediction.index.tolist(), prediction.probs.tolist(), prediction.classes.tolist(), strict=True
-        ):
-            path = sample_path(dataset, index) if index >= 0 else None
-            row: list = [index, str(path or "")]
-            for c, p in zip(classes, probs, strict=True):
-                row += [names[c] if names else c, f"{p:.6f}"]
-            self._writer.writerow(row)
+        indexes = prediction.index.tolist()
+        context = ResultContext(
+            class_names=pl_module.class_names,
+            labels=LabelInfo.of(trainer.datamodule),
+            sizes=original_sizes(batch),
+            sources=[str(p) if (p := sample_path(dataset, i)) is not None else None for i in indexes],
+            indexes=indexes,
+            image_ids=[dataset_image_id(dataset, i) for i in indexes],
+            file_names=[dataset.file_names[i] if hasattr(dataset, "file_names") else None for i in indexes],
+        )
+        results = pl_module.to_results(prediction, context)
+        if not results:
+            return
+        self.result_type = type(results[0])
+        folder = self.files_path(self.result_type)
+        for index, result in zip(indexes, results, strict=True):
+            if folder is not None:
+                result.write(folder, output_name(dataset, index), self.options)
+            self.rows += result.rows()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        path = self.table_path(self.result_type) if self.result_type is not None else self.table_file
+        if path is None:
+            return
+        path = rank_path(path, trainer)
+        (self.result_type or ClassificationResult).write_table(self.rows, path)
+        _logger.info("wrote %d rows to %s", len(self.rows), path)
+
+
+class TopKPredictionWriter(ResultWriter):
+    """The table of what is predicted (classification: the top-k classes of every image as
+    CSV, `index`, `path`, `class_1, prob_1, ...`) at `output_file`; no per-image files."""
+
+    def __init__(self, output_file: str = "predictions.csv") -> None:
+        super().__init__(output_dir=None, table_file=output_file)
+
+
+class SegmentationPredictionWriter(ResultWriter):
+    """Each image's files under `output_dir` (segmentation: `<name>.png`, the label map as
+    the dataset's files store it, and with `overlay` `<name>_overlay.jpg`); no table."""
+
+    def __init__(self, output_dir: str = "predictions", overlay: bool = False, alpha: float = 0.5) -> None:
+        super().__init__(output_dir=None, files_dir=output_dir, pictures=overlay, alpha=alpha)
+
+
+class COCOResultsWriter(ResultWriter):
+    """The table at `output_file` (detection: a COCO results JSON, `image_id`, the dataset's
+    `category_id`, `bbox` [x, y, width, height] pixels, `score`; `file_name` for a folder of
+    images) and, with `draw_dir`, each image with its boxes from `score_threshold` on."""
+
+    def __init__(
+        self, output_file: str = "predictions.json", draw_dir: str | None = None, score_threshold: float = 0.5
+    ) -> None:
+        super().__init__(
+            output_dir=None, table_file=output_file, files_dir=draw_dir, pictures=True, score_threshold=score_threshold
+        )
 
 
 def rank_path(path: Path, trainer: L.Trainer) -> Path:
@@ -197,134 +260,22 @@ def sample_path(dataset: Any, index: int) -> Path | None:
     return None
 
 
-class SegmentationPredictionWriter(BasePredictionWriter):
-    """Write each predicted label map as a palette PNG at the image's original size, named
-    after the image (`<stem>.png`, or the sample index), and optionally a colour overlay.
-
-    The palette is the DataModule's `palette` ([K, 3]) when it has one, else a fixed random
-    one. Pixel values follow the dataset's own files: class indices, plus 1 when the
-    DataModule reduces label 0 (ADE20K stores classes as 1..150), so a prediction reads back
-    like an annotation.
-
-    Args:
-        output_dir: folder for the PNGs (created).
-        overlay: also write `<stem>_overlay.jpg`, the image blended with the coloured labels.
-        alpha: weight of the colours in the overlay.
-    """
-
-    def __init__(self, output_dir: str = "predictions", overlay: bool = False, alpha: float = 0.5) -> None:
-        super().__init__(write_interval="batch")
-        self.output_dir = Path(output_dir)
-        self.overlay = overlay
-        self.alpha = alpha
-
-    def write_on_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        prediction: Any,
-        batch_indices: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
-            return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        palette = palette_of(trainer.datamodule, pl_module.num_classes)
-        dataset = predicted_dataset(trainer, dataloader_idx)
-        for index, labels in zip(prediction.index.tolist(), prediction.labels, strict=True):
-            path = sample_path(dataset, index)
-            stem = output_name(dataset, index)
-            (self.output_dir / stem).parent.mkdir(parents=True, exist_ok=True)
-            labels = labels.cpu().numpy()
-            # the dataset's own label values: with reduce_zero_label (ADE20K) class k is k + 1 on disk
-            stored = labels + 1 if getattr(trainer.datamodule, "reduce_zero_label", False) else labels
-            if stored.max(initial=0) > 255:  # beyond a palette: a 16-bit grey PNG of the indices
-                Image.fromarray(stored.astype(np.uint16)).save(self.output_dir / f"{stem}.png")
-            else:
-                png = Image.fromarray(stored.astype(np.uint8))  # mode L; putpalette turns it into P
-                colours = palette if stored is labels else np.concatenate([np.zeros((1, 3), np.uint8), palette])
-                png.putpalette(colours.reshape(-1).tolist())
-                png.save(self.output_dir / f"{stem}.png")
-            if self.overlay:
-                if path is None:
-                    _logger.warning("no image path for sample %d: overlay skipped", index)
-                    continue
-                from vitdense.data.images import decode_image  # (lazily: vitdense.data imports albumentations)
-
-                overlay = blend(decode_image(path), labels, palette, self.alpha)  # upright, at the labels' size
-                Image.fromarray(overlay).save(self.output_dir / f"{stem}_overlay.jpg")
+def original_sizes(batch: Any) -> list[tuple[int, int]]:
+    """Each image's (H0, W0) as given, as far as the batch says: detection's `orig_sizes`,
+    segmentation's label-map sizes, else the sizes the model saw."""
+    if getattr(batch, "orig_sizes", None) is not None:
+        return [tuple(s) for s in batch.orig_sizes]
+    sizes = getattr(batch, "mask_sizes", None) or getattr(batch, "image_sizes", None)
+    if sizes is not None:
+        return [tuple(s) for s in sizes.sizes]
+    return [tuple(batch.image.shape[-2:])] * len(batch.image)
 
 
-class COCOResultsWriter(BasePredictionWriter):
-    """Write the predicted boxes as a COCO results JSON (`image_id`, original `category_id`,
-    `bbox` [x, y, width, height] pixels, `score`), readable by pycocotools' `loadRes` and
-    any COCO tool; optionally draw them over the images. The dataset must be a COCO-format
-    one (`CocoDetection`). With several processes each writes `<stem>.rank<r>.json`.
-
-    Args:
-        output_file: the JSON to write (folders are created).
-        draw_dir: if given, also write `<stem>.jpg` per image with its boxes drawn.
-        score_threshold: boxes drawn from this score on (the JSON keeps every detection).
-    """
-
-    def __init__(
-        self, output_file: str = "predictions.json", draw_dir: str | None = None, score_threshold: float = 0.5
-    ) -> None:
-        super().__init__(write_interval="batch")
-        self.output_file = Path(output_file)
-        self.draw_dir = Path(draw_dir) if draw_dir else None
-        self.score_threshold = score_threshold
-        self.results: list[dict] = []
-
-    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.results = []
-
-    def write_on_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        prediction: Any,
-        batch_indices: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
-            return
-        # (vitdense.data imports albumentations; callbacks stay light until they write)
-        from vitdense.data.coco import CocoIndex, coco_results
-        from vitdense.data.images import decode_image
-
-        dataset = predicted_dataset(trainer, dataloader_idx)
-        if isinstance(getattr(dataset, "index", None), CocoIndex):  # a COCO split: its own image ids
-            self.results += coco_results(prediction, dataset.index.image_ids, dataset.index.category_ids)
-        else:  # a folder of images: ids 1..N in file order, and the file names
-            category_ids = getattr(trainer.datamodule, "category_ids", None) or range(1, pl_module.num_classes + 1)
-            names = [str(p.relative_to(dataset.root)) for p in dataset.image_paths]
-            self.results += coco_results(prediction, range(1, len(names) + 1), category_ids, names)
-        if self.draw_dir is None:
-            return
-        self.draw_dir.mkdir(parents=True, exist_ok=True)
-        names = getattr(pl_module, "class_names", None)
-        palette = palette_of(trainer.datamodule, pl_module.num_classes)
-        for index, boxes, scores, labels in zip(
-            prediction.index.tolist(), prediction.boxes, prediction.scores, prediction.labels, strict=True
-        ):
-            keep = scores >= self.score_threshold
-            image = decode_image(Path(dataset.image_paths[index]))  # what the model saw: upright, 8-bit RGB
-            drawn = draw_boxes(
-                image, boxes[keep].cpu().numpy(), labels[keep].tolist(), names, palette, scores[keep].tolist()
-            )
-            out = self.draw_dir / f"{output_name(dataset, index)}.jpg"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(drawn).save(out)
-
-    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = rank_path(self.output_file, trainer)
-        path.write_text(json.dumps(self.results))
-        _logger.info("wrote %d detections to %s", len(self.results), path)
+def dataset_image_id(dataset: Any, index: int) -> int:
+    """Sample `index`'s id: the dataset's own (`image_ids`, COCO's), else its position + 1
+    (COCO numbers images from 1)."""
+    ids = getattr(dataset, "image_ids", None)
+    return int(ids[index]) if ids is not None else index + 1
 
 
 def task_callbacks(

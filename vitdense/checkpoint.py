@@ -213,6 +213,17 @@ def record_class_paths(checkpoint: dict[str, Any], task: L.LightningModule, data
             checkpoint[key] = {CLASS_PATH_KEY: path, **plain, "_instantiator": INSTANTIATOR}
 
 
+def record_inference(checkpoint: dict[str, Any], datamodule: Any) -> None:
+    """Write the DataModule's evaluation preprocessing and label facts (`InferenceData`) in
+    `checkpoint`, as plain data: what `vitdense.load`, `serve` and `export` build from
+    without re-creating the DataModule. Nothing for a DataModule without `preprocess()`."""
+    from vitdense.preprocess import CHECKPOINT_KEY, InferenceData
+
+    found = InferenceData.of(datamodule) if datamodule is not None else None
+    if found is not None:
+        checkpoint[CHECKPOINT_KEY] = found.as_data()
+
+
 def under_model(state_dict: dict[str, Any], own_keys: Any) -> dict[str, Any]:
     """A task state dict written before tasks held their model as `model` (keys `backbone.*`,
     `head.*`, `best_head`), with those keys moved under `model.`; a newer one unchanged."""
@@ -269,6 +280,8 @@ class Checkpoint:
             )
         self.task_class: str = hparams[CLASS_PATH_KEY]
         self.task: dict[str, Any] = {k: v for k, v in hparams.items() if not k.startswith("_")}
+        #: the recorded preprocessing and label facts (`record_inference`), as plain data, or None
+        self.inference: dict[str, Any] | None = ckpt.get("vitdense_inference")
         data = ckpt.get("datamodule_hyper_parameters") or {}
         self.data_class: str | None = data.get(CLASS_PATH_KEY)
         self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}

@@ -6,6 +6,7 @@ load): e.g. a pre-trained encoder (`MaskedImageModelingTask`) for any downstream
 
 Every exported graph takes `images`: float32 [1, 3, H, W], RGB pixel values 0..255 (a
 decoded 8-bit image as floats), and normalises them as the checkpoint's data did. It returns
+what the model declares (`export_outputs`, `export_names` in `vitdense.models`):
 
     classification    probs [1, K] (softmax)
     linear probe      probs [1, K] of the head that validated best
@@ -34,7 +35,7 @@ from torch import nn
 from torch.export import Dim, ExportedProgram
 
 from vitdense.errors import ConfigError
-from vitdense.models import DETRDetector, ImageClassifier, LinearProbe, Segmenter
+from vitdense.preprocess import InferenceData
 
 Format = Literal["onnx", "pt2"]
 #: largest side the dynamic graphs are declared for
@@ -42,10 +43,12 @@ MAX_SIDE = 4096
 
 
 class Normalized(nn.Module):
-    """A model behind its data's normalisation: images 0..255 -> (x / 255 - mean) / std.
+    """A model behind its data's normalisation: images 0..255 -> (x / 255 - mean) / std ->
+    the model's `export_outputs` (each model declares what its graph returns, and the names
+    in `export_names`: `vitdense.models`).
 
     Args:
-        model: a model of `vitdense.models`.
+        model: a model with `export_outputs(images)` and `export_names`.
         mean, std: per channel, in [0, 1] units (timm's), as the checkpoint's data records them.
     """
 
@@ -55,80 +58,28 @@ class Normalized(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255)
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255)
 
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.model.export_names)
+
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         return (images - self.mean) / self.std
 
-
-class ExportClassifier(Normalized):
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images [1, 3, H, W] 0..255 -> probs [1, K]."""
-        return self.model(self.normalize(images)).softmax(-1)
-
-
-class ExportProbe(Normalized):
-    def __init__(self, model: LinearProbe, mean: list[float], std: list[float]) -> None:
-        super().__init__(model, mean, std)
-        # the head that validated best when exported, a constant of the graph (a buffer's value
-        # would be data to torch.export)
-        self.best = int(model.best_head)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images [1, 3, H, W] 0..255 -> the best head's probs [1, K]."""
-        return self.model(self.normalize(images))[self.best].softmax(-1)
-
-
-class ExportSegmenter(Normalized):
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images [1, 3, H, W] 0..255 -> pixel logits [1, K, H, W]."""
-        return self.model(self.normalize(images))
-
-
-class ExportDetector(Normalized):
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """images [1, 3, H, W] 0..255 -> boxes [1, N, 4] (x1, y1, x2, y2) pixels, scores
-        [1, N], labels [1, N]: `vitdense.models.postprocess` as tensor operations."""
-        output = self.model(self.normalize(images))
-        probs = output.class_probs()  # [1, Q, K]
-        _, q, k = probs.shape
-        if self.model.selection == "per_query":
-            best, classes = probs.max(-1)
-            scores, queries = best.topk(q, dim=1)  # every query, best first
-            labels = classes.gather(1, queries)
-        else:
-            scores, flat = probs.flatten(1).topk(min(self.model.top_k, q * k), dim=1)
-            queries, labels = flat // k, flat % k
-        boxes = output.boxes.float().gather(1, queries[..., None].expand(-1, -1, 4))  # cx, cy, w, h in [0, 1]
-        centre, extent = boxes[..., :2], boxes[..., 2:] / 2
-        height, width = images.shape[-2], images.shape[-1]
-        xyxy = torch.cat([centre - extent, centre + extent], -1)
-        scale = torch.ones(4, device=images.device)
-        scale = torch.cat([scale[:1] * width, scale[1:2] * height, scale[2:3] * width, scale[3:] * height])
-        return xyxy * scale, scores, labels
-
-
-#: output names of each wrapper, in order
-OUTPUTS = {
-    ExportClassifier: ["probs"],
-    ExportProbe: ["probs"],
-    ExportSegmenter: ["logits"],
-    ExportDetector: ["boxes", "scores", "labels"],
-}
+    def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """images [1, 3, H, W] 0..255 -> the model's export outputs (one tensor or a tuple)."""
+        outputs = self.model.export_outputs(self.normalize(images))
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
 
 def exportable(model: nn.Module, mean: list[float], std: list[float]) -> Normalized:
-    """The export wrapper of a plain model (`vitdense.models`), in evaluation mode."""
-    for kind, wrapper in (
-        (ImageClassifier, ExportClassifier),
-        (LinearProbe, ExportProbe),
-        (Segmenter, ExportSegmenter),
-        (DETRDetector, ExportDetector),
-    ):
-        if isinstance(model, kind):
-            return wrapper(model, mean, std).eval()
-    raise ConfigError(
-        f"{type(model).__name__} cannot be exported: vitdense exports ImageClassifier, LinearProbe, Segmenter and "
-        "DETRDetector (vitdense.models)"
-    )
+    """The export wrapper of a plain model (`vitdense.models`, or a model of yours with
+    `export_outputs` and `export_names`), in evaluation mode."""
+    if not callable(getattr(model, "export_outputs", None)) or not getattr(model, "export_names", None):
+        raise ConfigError(
+            f"{type(model).__name__} cannot be exported: it declares no export_outputs(images) and export_names "
+            "(what the graph returns; see vitdense.models.ImageClassifier)"
+        )
+    return Normalized(model, mean, std).eval()
 
 
 @dataclass
@@ -293,14 +244,18 @@ def export_checkpoint(
         raise ConfigError(f"--format {fmt}: expected onnx, pt2 or weights")
     found = Checkpoint(ckpt_path)
     model = load_task(found.path).model
-    mean, std = found.data.get("mean"), found.data.get("std")
+    if found.inference is not None:  # the preprocessing the checkpoint recorded
+        preprocess = InferenceData.from_data(found.inference).preprocess
+        mean, std = preprocess.mean, preprocess.std
+    else:  # written before it was recorded: the data's hyperparameters
+        mean, std = found.data.get("mean"), found.data.get("std")
     if mean is None or std is None:
         raise ConfigError(f"ckpt_path {found.path}: its data records no mean/std, so the graph cannot normalise")
     wrapper = exportable(model, list(mean), list(std))
     size = found.data.get("img_size") or 224
     traced = trace(wrapper, height or size, width or size, dynamic)
     path = Path(output) if output else found.path.with_suffix(f".{fmt}")
-    outputs = OUTPUTS[type(wrapper)]
+    outputs = wrapper.output_names
     traced = save(traced, wrapper, path, fmt, outputs)
     if traced.fixed_because is None:
         traced = check_dynamic(traced, wrapper, path, fmt, outputs)

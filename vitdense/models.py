@@ -15,7 +15,7 @@ metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,14 @@ class ImageClassifier(nn.Module):
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """images [B, 3, H, W] (padded, with their `ImageSizes`) -> logits [B, K]."""
         return self.head(self.backbone(images, image_sizes))
+
+    #: the names of `export_outputs`, in order (the graph's output names)
+    export_names: ClassVar[tuple[str, ...]] = ("probs",)
+
+    def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What an exported graph returns for normalised images [1, 3, H, W]: probs [1, K]
+        (softmax). Every model of this module declares its own (`vitdense.export`)."""
+        return (self(images).softmax(-1),)
 
 
 class LinearProbe(nn.Module):
@@ -83,6 +91,13 @@ class LinearProbe(nn.Module):
         """images [B, 3, H, W] -> logits of every head [H, B, K] (`best_head` picks one)."""
         return self.classify(self.extract(images, image_sizes))
 
+    export_names: ClassVar[tuple[str, ...]] = ("probs",)
+
+    def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """probs [1, K] of the head that validated best (`best_head`, picked by a tensor op:
+        its value is data to torch.export, which cannot branch on it)."""
+        return (self(images).index_select(0, self.best_head.view(1))[0].softmax(-1),)
+
 
 class Segmenter(nn.Module):
     """Segmenter (Strudel et al. 2021): pad -> encode -> decode on the patch grid ->
@@ -123,6 +138,13 @@ class Segmenter(nn.Module):
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
         return logits[..., : images.shape[-2], : images.shape[-1]]
+
+    export_names: ClassVar[tuple[str, ...]] = ("logits",)
+
+    def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Pixel logits [1, K, H, W] of the whole input (the sliding windows of `segment` are
+        the caller's loop)."""
+        return (self(images),)
 
     @torch.no_grad()
     def segment(
@@ -275,6 +297,30 @@ class DETRDetector(nn.Module):
         if image_sizes is None:
             image_sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
         return self.postprocess(self(images, image_sizes), orig_sizes or image_sizes.sizes)
+
+    export_names: ClassVar[tuple[str, ...]] = ("boxes", "scores", "labels")
+
+    def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """boxes [1, N, 4] (x1, y1, x2, y2) pixels of the input, scores [1, N], labels [1, N],
+        best first: `postprocess` as tensor operations, for the graph."""
+        output = self(images)
+        probs = output.class_probs()  # [1, Q, K]
+        _, q, k = probs.shape
+        if self.selection == "per_query":
+            best, classes = probs.max(-1)
+            scores, queries = best.topk(q, dim=1)  # every query, best first
+            labels = classes.gather(1, queries)
+        else:
+            scores, flat = probs.flatten(1).topk(min(self.top_k, q * k), dim=1)
+            queries, labels = flat // k, flat % k
+        boxes = output.boxes.float().gather(1, queries[..., None].expand(-1, -1, 4))  # cx, cy, w, h in [0, 1]
+        centre, extent = boxes[..., :2], boxes[..., 2:] / 2
+        height, width = images.shape[-2], images.shape[-1]
+        xyxy = torch.cat([centre - extent, centre + extent], -1)
+        # the scale built from the sizes by tensor ops: symbolic sizes stay symbolic in the graph
+        scale = torch.ones(4, device=images.device)
+        scale = torch.cat([scale[:1] * width, scale[1:2] * height, scale[2:3] * width, scale[3:] * height])
+        return xyxy * scale, scores, labels
 
 
 class MaskedImageModel(nn.Module):

@@ -4,12 +4,14 @@
     result = predictor("photo.jpg")            # one image -> one result
     results = predictor(["a.jpg", pil, array])  # several (or a folder) -> a list, in order
 
-The predictor carries what the checkpoint was trained with: the DataModule's evaluation
-preprocessing (resize, crop, mean/std, rebuilt from the checkpoint's data
-hyperparameters), the task's own inference (segmentation's sliding windows and test-time
-augmentation, detection's post-processing) and the class names. It runs the task's
-`predict_step` on batches padded as the DataLoader pads them, so its numbers are those of
-`python -m vitdense predict` on the same files, offline, without a config or a Trainer.
+The predictor carries what the checkpoint was trained with: the evaluation preprocessing
+and label facts its DataModule recorded (`vitdense.preprocess`: resize rule, crop,
+mean/std, palette, category ids; the DataModule itself is neither imported nor rebuilt),
+the task's own inference (segmentation's sliding windows and test-time augmentation,
+detection's post-processing) and the class names. It runs the task's `predict_step` on
+batches padded as the DataLoader pads them and turns them into the task's results
+(`task.to_results`, `vitdense.results`), so its numbers are those of `python -m vitdense
+predict` on the same files, offline, without a config or a Trainer.
 
 Images may be file paths (a folder: every image in it, as `--data.predict_dir` reads
 it), PIL images, NumPy arrays [H, W, 3] / [H, W] (uint8, uint16, or float in [0, 1]) and
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +33,12 @@ import torch
 from PIL import Image
 
 from vitdense.checkpoint import Checkpoint, locate
-from vitdense.data.base import ImageDataModule, LoaderConfig
 from vitdense.data.collate import pad_collate
 from vitdense.data.images import apply_orientation, decode_image, find_images, orientation, to_rgb8
-from vitdense.draw import palette_of
 from vitdense.errors import ConfigError, DataError
 from vitdense.precision import resolve_precision
-from vitdense.results import ClassificationResult, DetectionResult, Result, SegmentationResult
-from vitdense.types import ClassPrediction, Detections, SegmentationPrediction
+from vitdense.preprocess import InferenceData
+from vitdense.results import Result, ResultContext
 
 #: what a predictor takes as one image
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -90,14 +89,31 @@ def to_pixels(image: np.ndarray | torch.Tensor | Image.Image) -> np.ndarray:
     return np.ascontiguousarray(pixels)
 
 
-def rebuild_datamodule(found: Checkpoint) -> ImageDataModule:
+def inference_data(found: Checkpoint) -> InferenceData:
+    """The preprocessing and label facts a checkpoint recorded; for a checkpoint written
+    before they were recorded, those of its DataModule, rebuilt from its hyperparameters
+    (which imports it: the one case that does)."""
+    if found.inference is not None:
+        return InferenceData.from_data(found.inference)
+    made = InferenceData.of(rebuild_datamodule(found))
+    if made is None:
+        raise ConfigError(
+            f"ckpt_path {found.path}: its DataModule {found.data_class} declares no preprocess(), so the images' "
+            "preprocessing is unknown; build the Predictor yourself: Predictor(task, InferenceData(Preprocess(...)))"
+        )
+    return made
+
+
+def rebuild_datamodule(found: Checkpoint) -> Any:
     """The DataModule a checkpoint was trained with, rebuilt from its hyperparameters (its
     normalisation, sizes and classes; the dataset itself need not be present)."""
     if found.data_class is None:
         raise ConfigError(
             f"ckpt_path {found.path}: no DataModule recorded, so the images' preprocessing is unknown; "
-            "build the Predictor yourself: Predictor(task, datamodule)"
+            "build the Predictor yourself: Predictor(task, InferenceData(Preprocess(...)))"
         )
+    from vitdense.data.base import LoaderConfig
+
     init = dict(found.data)
     if isinstance(init.get("loader"), dict):
         init["loader"] = LoaderConfig(**init["loader"])
@@ -105,16 +121,24 @@ def rebuild_datamodule(found: Checkpoint) -> ImageDataModule:
     return locate(found.data_class)(**init)
 
 
+def eval_batch_size(found: Checkpoint) -> int | None:
+    """The evaluation batch the checkpoint's data loaded with, if it says."""
+    loader = found.data.get("loader")
+    if isinstance(loader, dict):
+        return loader.get("eval_batch_size") or loader.get("batch_size")
+    return getattr(loader, "eval_batch_size", None) or getattr(loader, "batch_size", None)
+
+
 class Predictor:
-    """A trained task and its DataModule's evaluation preprocessing, as a function from
-    images to typed results (see the module docstring for what it takes).
+    """A trained task and its evaluation preprocessing, as a function from images to typed
+    results (see the module docstring for what it takes).
 
     Args:
         task: the trained task (in evaluation mode; moved to `device`).
-        datamodule: the DataModule it was trained with (only its `predict_sample` and
-            palette are used: the dataset need not exist).
+        data: what the images go through and how labels are shown: `InferenceData`
+            (`vitdense.preprocess`), or a DataModule that declares `preprocess()`.
         device: where the model runs ("cpu", "cuda", "cuda:1", ...).
-        batch_size: images run at once (default: the DataModule's evaluation batch).
+        batch_size: images run at once (default: 8, or the DataModule's evaluation batch).
         precision: "32-true" (what `python -m vitdense predict` runs from a checkpoint),
             "bf16-mixed" (autocast), or "auto" (bf16 where the device computes it natively).
     """
@@ -122,7 +146,7 @@ class Predictor:
     def __init__(
         self,
         task: L.LightningModule,
-        datamodule: ImageDataModule,
+        data: InferenceData | Any,
         *,
         device: str | torch.device = "cpu",
         batch_size: int | None = None,
@@ -130,11 +154,18 @@ class Predictor:
     ) -> None:
         self.device = torch.device(device)
         self.task = task.to(self.device).eval()
-        self.datamodule = datamodule
-        loader = getattr(datamodule, "loader", None)
-        self.batch_size = batch_size or (loader.eval_batch_size or loader.batch_size if loader else 1)
+        if not isinstance(data, InferenceData):
+            loader = getattr(data, "loader", None)
+            batch_size = batch_size or (loader.eval_batch_size or loader.batch_size if loader else None)
+            made = InferenceData.of(data)
+            if made is None:
+                raise ConfigError(
+                    f"{type(data).__name__} declares no preprocess(): pass InferenceData(Preprocess(...))"
+                )
+            data = made
+        self.data = data
+        self.batch_size = batch_size or 8
         self.precision = str(resolve_precision(precision, self.device.type).precision)
-        self._to_sample = datamodule.predict_sample()
 
     @classmethod
     def from_checkpoint(
@@ -149,7 +180,8 @@ class Predictor:
         task fitted from Python): its task, weights, preprocessing and class names."""
         found = Checkpoint(path)
         task = found.task_type().load_from_checkpoint(found.path, map_location="cpu", weights_only=True)
-        return cls(task, rebuild_datamodule(found), device=device, batch_size=batch_size, precision=precision)
+        data = inference_data(found)
+        return cls(task, data, device=device, batch_size=batch_size or eval_batch_size(found), precision=precision)
 
     @property
     def class_names(self) -> list[str]:
@@ -181,50 +213,24 @@ class Predictor:
             else:
                 yield to_pixels(image), None
 
+    def sample(self, pixels: np.ndarray, index: int) -> Any:
+        """The task's sample of one image ([H, W, 3] uint8), preprocessed."""
+        return self.task.predict_sample(self.data.preprocess(pixels), pixels.shape[:2], index)
+
     @torch.inference_mode()
     def predict_batch(self, images: Sequence[tuple[np.ndarray, str | None]]) -> list[Result]:
         """Results of a list of (pixels, source) run as one padded batch."""
-        batch = pad_collate([self._to_sample(pixels, i) for i, (pixels, _) in enumerate(images)])
+        batch = pad_collate([self.sample(pixels, i) for i, (pixels, _) in enumerate(images)])
         batch = self.task.transfer_batch_to_device(batch, self.device, 0)
         with self._autocast():
             prediction = self.task.predict_step(batch, 0)
-        results = self.results(prediction, [pixels.shape[:2] for pixels, _ in images])
-        return [replace(result, source=source) for result, (_, source) in zip(results, images, strict=True)]
-
-    def results(self, prediction: Any, sizes: Sequence[tuple[int, int]]) -> list[Result]:
-        """The task's `predict_step` output as one typed result per image (override for a
-        task that predicts something else)."""
-        names = self.class_names
-        if isinstance(prediction, ClassPrediction):
-            return [
-                ClassificationResult(classes, [names[k] for k in classes], probs, tuple(size))
-                for classes, probs, size in zip(
-                    prediction.classes.tolist(), prediction.probs.float().tolist(), sizes, strict=True
-                )
-            ]
-        if isinstance(prediction, SegmentationPrediction):
-            palette = palette_of(self.datamodule, len(names))
-            return [SegmentationResult(labels.cpu().numpy(), names, palette) for labels in prediction.labels]
-        if isinstance(prediction, Detections):
-            category_ids = getattr(self.datamodule, "category_ids", None)
-            return [
-                DetectionResult(
-                    boxes.float().cpu().numpy(),
-                    scores.float().cpu().numpy(),
-                    labels.cpu().numpy(),
-                    names,
-                    tuple(size),
-                    list(category_ids) if category_ids else None,
-                )
-                for boxes, scores, labels, size in zip(
-                    prediction.boxes, prediction.scores, prediction.labels, sizes, strict=True
-                )
-            ]
-        raise TypeError(
-            f"{type(self.task).__name__}.predict_step returned {type(prediction).__name__}; the predictor reads "
-            "ClassPrediction, SegmentationPrediction and Detections (vitdense.types): return one of them, or "
-            "subclass Predictor and override `results`"
+        context = ResultContext(
+            class_names=self.class_names,
+            labels=self.data.labels,
+            sizes=[tuple(pixels.shape[:2]) for pixels, _ in images],
+            sources=[source for _, source in images],
         )
+        return self.task.to_results(prediction, context)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision in ("bf16-mixed", "bf16"):

@@ -235,10 +235,10 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m vitdense serve ...`: load the checkpoint (failing early on a bad one), serve until stopped."""
     args = parser().parse_args(argv)
     from vitdense.checkpoint import Checkpoint
-    from vitdense.predictor import rebuild_datamodule
+    from vitdense.predictor import inference_data
 
     found = Checkpoint(args.ckpt_path)  # a bad path or file: one line now, not in a worker later
-    rebuild_datamodule(found)
+    inference_data(found)
     devices = args.devices if args.devices == "auto" else int(args.devices)
     api = PredictorAPI(
         found.path,

@@ -116,6 +116,11 @@ class LabeledImages(NamedTuple):
     index: torch.Tensor | int = -1
     image_sizes: ImageSizes | Size | None = None
 
+    @classmethod
+    def unlabeled(cls, image: torch.Tensor, size: Size, index: int, ignore_index: int = 255) -> LabeledImages:
+        """An image to predict on: [3, H, W] preprocessed, `size` its (H0, W0) as given (label -1)."""
+        return cls(image, -1, index)
+
 
 class SegmentedImages(NamedTuple):
     """An image with its label map, or a padded batch of them.
@@ -143,6 +148,12 @@ class SegmentedImages(NamedTuple):
     def of(cls, image: torch.Tensor, mask: torch.Tensor, index: int) -> SegmentedImages:
         """One sample, its sizes read off the tensors: image [3, H, W], mask [h, w] int64."""
         return cls(image, mask, index, image_sizes=tuple(image.shape[-2:]), mask_sizes=tuple(mask.shape[-2:]))
+
+    @classmethod
+    def unlabeled(cls, image: torch.Tensor, size: Size, index: int, ignore_index: int = 255) -> SegmentedImages:
+        """An image to predict on: [3, H, W] preprocessed; its label map all `ignore_index` at
+        `size`, the image's (H0, W0) as given: the size predictions are made at."""
+        return cls.of(image, torch.full(tuple(size), ignore_index, dtype=torch.int64), index)
 
 
 class Losses(NamedTuple):
@@ -224,6 +235,13 @@ class DetectedImages(NamedTuple):
     image_sizes: ImageSizes | Size | None = None
     orig_sizes: tuple[Size, ...] | Size | None = None
     eval_targets: EvalTargets | tuple[EvalTargets | None, ...] | None = None
+
+    @classmethod
+    def unlabeled(cls, image: torch.Tensor, size: Size, index: int, ignore_index: int = 255) -> DetectedImages:
+        """An image to predict on: [3, H, W] preprocessed, no objects; boxes are predicted at
+        `size`, the image's (H0, W0) as given."""
+        no_objects = BoxTargets(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
+        return cls(image, no_objects, index, tuple(image.shape[-2:]), (int(size[0]), int(size[1])))
 
 
 class Denoising(NamedTuple):

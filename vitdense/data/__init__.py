@@ -1,28 +1,73 @@
-"""Datasets, transforms and DataModules."""
+"""Datasets, transforms and DataModules.
 
-from vitdense.data.ade20k import ADE20K_CLASSES, ADE20K_PALETTE, ADE20KDataModule
-from vitdense.data.base import ImageDataModule, LoaderConfig, image_dataloader
-from vitdense.data.cifar import CIFAR10_CLASSES, CIFAR100_CLASSES, CIFARDataModule, CIFARImages
-from vitdense.data.classification import ClassificationDataModule
-from vitdense.data.coco import COCODataModule, load_coco
-from vitdense.data.collate import pad_collate
-from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
-from vitdense.data.detection import CocoDetection, DetectionDataModule
-from vitdense.data.imagefolder import ImageFolderDataModule, ImageFolderDataset, find_classes
-from vitdense.data.images import ImageFiles, decode_image, find_images
-from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.segmentation import SegmentationDataModule, SegmentationFolderDataset
-from vitdense.data.synthetic import SyntheticClassificationDataModule, SyntheticShapes
-from vitdense.data.synthetic_det import SyntheticDetectionDataModule, write_synthetic_coco
-from vitdense.data.synthetic_seg import SyntheticSegmentation, SyntheticSegmentationDataModule
-from vitdense.data.transforms import (
-    classification_eval_transforms,
-    classification_train_transforms,
-    normalization,
-    seed_worker_transforms,
-)
-from vitdense.data.unlabeled import UnlabeledImages, UnlabeledImagesDataModule
-from vitdense.types import DetectedImages, LabeledImages, SegmentedImages
+Every name here is imported on first use (PEP 562), so that importing one module of the
+package (`vitdense.data.images`, `vitdense.data.collate`) does not import every dataset
+family and albumentations: `vitdense.load` reads images and pads batches with those two
+alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: each public name and the module that defines it
+_WHERE = {
+    "ADE20K_CLASSES": "vitdense.data.ade20k",
+    "ADE20K_PALETTE": "vitdense.data.ade20k",
+    "ADE20KDataModule": "vitdense.data.ade20k",
+    "ImageDataModule": "vitdense.data.base",
+    "LoaderConfig": "vitdense.data.base",
+    "image_dataloader": "vitdense.data.base",
+    "CIFAR10_CLASSES": "vitdense.data.cifar",
+    "CIFAR100_CLASSES": "vitdense.data.cifar",
+    "CIFARDataModule": "vitdense.data.cifar",
+    "CIFARImages": "vitdense.data.cifar",
+    "ClassificationDataModule": "vitdense.data.classification",
+    "COCODataModule": "vitdense.data.coco",
+    "load_coco": "vitdense.data.coco",
+    "pad_collate": "vitdense.data.collate",
+    "detection_eval_transforms": "vitdense.data.det_transforms",
+    "detection_train_transforms": "vitdense.data.det_transforms",
+    "CocoDetection": "vitdense.data.detection",
+    "DetectionDataModule": "vitdense.data.detection",
+    "ImageFolderDataModule": "vitdense.data.imagefolder",
+    "ImageFolderDataset": "vitdense.data.imagefolder",
+    "find_classes": "vitdense.data.imagefolder",
+    "ImageFiles": "vitdense.data.images",
+    "decode_image": "vitdense.data.images",
+    "find_images": "vitdense.data.images",
+    "segmentation_eval_transforms": "vitdense.data.seg_transforms",
+    "segmentation_train_transforms": "vitdense.data.seg_transforms",
+    "SegmentationDataModule": "vitdense.data.segmentation",
+    "SegmentationFolderDataset": "vitdense.data.segmentation",
+    "SyntheticClassificationDataModule": "vitdense.data.synthetic",
+    "SyntheticShapes": "vitdense.data.synthetic",
+    "SyntheticDetectionDataModule": "vitdense.data.synthetic_det",
+    "write_synthetic_coco": "vitdense.data.synthetic_det",
+    "SyntheticSegmentation": "vitdense.data.synthetic_seg",
+    "SyntheticSegmentationDataModule": "vitdense.data.synthetic_seg",
+    "classification_eval_transforms": "vitdense.data.transforms",
+    "classification_train_transforms": "vitdense.data.transforms",
+    "normalization": "vitdense.data.transforms",
+    "seed_worker_transforms": "vitdense.data.transforms",
+    "UnlabeledImages": "vitdense.data.unlabeled",
+    "UnlabeledImagesDataModule": "vitdense.data.unlabeled",
+    "DetectedImages": "vitdense.types",
+    "LabeledImages": "vitdense.types",
+    "SegmentedImages": "vitdense.types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'vitdense.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ADE20K_CLASSES",

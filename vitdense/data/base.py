@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import albumentations as A
 import lightning as L
@@ -38,6 +38,8 @@ from vitdense.data.samplers import (
 )
 from vitdense.data.transforms import process_seed, resolve_normalization, seed_worker_transforms
 from vitdense.errors import DataError
+from vitdense.preprocess import Preprocess
+from vitdense.types import LabeledImages
 
 Triple = tuple[float, float, float]
 
@@ -319,6 +321,9 @@ class ImageDataModule(L.LightningDataModule):
             itself need not be present then (classes come from the checkpoint).
     """
 
+    #: what an image to predict on becomes (`unlabeled` of a `vitdense.types` batch type)
+    sample_type: ClassVar[type] = LabeledImages
+
     #: label of unlabelled pixels; label maps are padded with it (segmentation)
     ignore_index: int = 255
     num_classes: int
@@ -386,10 +391,20 @@ class ImageDataModule(L.LightningDataModule):
         ("fit", "validate", "test" or "predict")."""
         raise NotImplementedError(f"{type(self).__name__} must implement setup_splits")
 
+    def preprocess(self) -> Preprocess | None:
+        """This DataModule's evaluation preprocessing of an image as plain data (`Preprocess`):
+        what `predict_dir`'s images go through, and what checkpoints record so that
+        `vitdense.load`, `serve` and `export` need no DataModule. None: it cannot predict on
+        images it does not know."""
+        return None
+
     def predict_sample(self) -> Callable[[np.ndarray, int], Any]:
-        """`f(image [H, W, 3] uint8, index)` -> the unlabelled sample this DataModule's task
-        predicts on, preprocessed as in evaluation (`predict_dir`)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot predict on a folder of images (no predict_sample)")
+        """`f(image [H, W, 3] uint8, index)` -> the unlabelled sample (`sample_type`) this
+        DataModule's task predicts on, preprocessed as in evaluation (`predict_dir`)."""
+        preprocess = self.preprocess()
+        if preprocess is None:
+            raise NotImplementedError(f"{type(self).__name__} cannot predict on a folder of images (no preprocess)")
+        return partial(unlabeled_sample, self.sample_type.unlabeled, preprocess, self.ignore_index)
 
     def _loader(self, dataset: Dataset | None, split: str) -> DataLoader:
         if dataset is None:
@@ -427,3 +442,10 @@ class ImageDataModule(L.LightningDataModule):
 
 
 torch.serialization.add_safe_globals([LoaderConfig])
+
+
+def unlabeled_sample(
+    make: Callable[..., Any], preprocess: Preprocess, ignore_index: int, image: np.ndarray, index: int
+) -> Any:
+    """`make(preprocess(image), (H0, W0), index, ignore_index)`: an image to predict on."""
+    return make(preprocess(image), image.shape[:2], index, ignore_index)

@@ -7,7 +7,6 @@ particular to where the images are (`imagefolder.py`, `cifar.py`, `synthetic.py`
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import albumentations as A
@@ -16,6 +15,7 @@ import numpy as np
 from vitdense.data.base import ImageDataModule
 from vitdense.data.transforms import classification_eval_transforms, classification_train_transforms
 from vitdense.errors import DataError
+from vitdense.preprocess import Preprocess
 from vitdense.types import LabeledImages
 
 
@@ -35,8 +35,10 @@ class ClassificationDataModule(ImageDataModule):
     def eval_transforms(self) -> A.Compose:
         return classification_eval_transforms(self.img_size, self.mean, self.std, crop_pct=self.crop_pct)
 
-    def predict_sample(self) -> Callable[[np.ndarray, int], LabeledImages]:
-        return partial(labeled_sample, self.eval_transforms())
+    def preprocess(self) -> Preprocess:
+        return Preprocess(
+            "center_crop", self.img_size, self.mean, self.std, crop_pct=self.crop_pct, interpolation="bicubic"
+        )
 
 
 def labeled_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> LabeledImages:

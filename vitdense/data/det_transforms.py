@@ -30,23 +30,12 @@ from albumentations.pytorch import ToTensorV2
 
 from vitdense.data.transforms import SharedRandomCompose
 from vitdense.errors import DataError
+from vitdense.preprocess import short_side_size
 
 Triple = tuple[float, float, float]
 
 #: DETR's training shortest sides
 DETR_SCALES = tuple(range(480, 801, 32))
-
-
-def short_side_size(height: int, width: int, short_side: int, max_size: int | None) -> tuple[int, int]:
-    """DETR's `get_size_with_aspect_ratio`: (H', W') with the shorter side `short_side`,
-    lowered so that the longer side stays <= `max_size`."""
-    if max_size is not None:
-        low, high = min(height, width), max(height, width)
-        if high / low * short_side > max_size:
-            short_side = int(round(max_size * low / high))
-    if width < height:
-        return int(short_side * height / width), short_side
-    return short_side, int(short_side * width / height)
 
 
 class RandomShortSideResize(A.DualTransform):

@@ -9,9 +9,8 @@ for evaluation, the original annotations (`EvalTargets`); training uses DETR's a
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import albumentations as A
 import numpy as np
@@ -23,6 +22,7 @@ from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_po
 from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
 from vitdense.data.images import apply_orientation, read_image
 from vitdense.errors import DataError
+from vitdense.preprocess import Preprocess
 from vitdense.types import BoxTargets, DetectedImages, EvalTargets
 
 if TYPE_CHECKING:
@@ -52,6 +52,11 @@ class CocoDetection(Dataset):
     @property
     def image_paths(self) -> list[Path]:
         return [self.index.image_dir / img.file_name for img in self.index.images]
+
+    @property
+    def image_ids(self) -> list[int]:
+        """Each sample's `image_id` in the JSON (what COCO results name)."""
+        return self.index.image_ids
 
     def __getitem__(self, i: int) -> DetectedImages:
         entry = self.index.images[i]
@@ -111,6 +116,8 @@ class DetectionDataModule(ImageDataModule):
             `eval_short_side` are then the sides of S x S images, `max_size` is unused.
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
+
+    sample_type: ClassVar[type] = DetectedImages
 
     category_ids: list[int]
 
@@ -175,16 +182,7 @@ class DetectionDataModule(ImageDataModule):
         if stage == "test":
             self.test_dataset = CocoDetection(self.index("test"), self.eval_transforms())
 
-    def predict_sample(self) -> Callable[[np.ndarray, int], DetectedImages]:
-        return partial(detected_sample, self.eval_transforms())
-
-
-def detected_sample(transform: Callable[..., dict[str, Any]], image: np.ndarray, index: int) -> DetectedImages:
-    """An unlabelled image for a detection task's `predict_step` (no objects; boxes are
-    predicted at the image's own size)."""
-    out = transform(image=image, bboxes=np.zeros((0, 4), np.float32), labels=np.zeros(0, np.int64))
-    img = out["image"]
-    no_objects = BoxTargets(torch.zeros(0, 4), torch.zeros(0, dtype=torch.int64))
-    return DetectedImages(
-        img, no_objects, index, image_sizes=tuple(img.shape[-2:]), orig_sizes=(int(image.shape[0]), int(image.shape[1]))
-    )
+    def preprocess(self) -> Preprocess:
+        if self.square_resize:
+            return Preprocess("square", self.eval_short_side, self.mean, self.std)
+        return Preprocess("short_side", self.eval_short_side, self.mean, self.std, max_size=self.max_size)

@@ -186,6 +186,8 @@ class ImageFiles(Dataset):
         self.to_sample = to_sample
         # outputs mirror the folder: sub/x.jpg -> sub/x.png; the suffix stays in the name where
         # two images would share one (x.jpg and x.png), so that no prediction overwrites another
+        #: each image's path relative to the folder (COCO results' `file_name` for a folder)
+        self.file_names = [p.relative_to(self.root).as_posix() for p in self.image_paths]
         stems = [p.relative_to(self.root).with_suffix("") for p in self.image_paths]
         repeated = {s for s in stems if stems.count(s) > 1}
         self.output_names = [

@@ -40,20 +40,9 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.data.transforms import SharedRandomCompose
 from vitdense.errors import DataError
+from vitdense.preprocess import rescale_size
 
 Triple = tuple[float, float, float]
-
-
-def rescale_size(height: int, width: int, scale: tuple[int, int]) -> tuple[int, int]:
-    """(new_height, new_width) of an image rescaled to fit `scale`, keeping its aspect ratio.
-
-    mmcv's `rescale_size` rule: the long side ends up <= max(scale) and the short side <=
-    min(scale), whichever binds first, each side rounded half up. The order of `scale` does
-    not matter: (2048, 512) and (512, 2048) are the same bound.
-    """
-    factor = min(max(scale) / max(height, width), min(scale) / min(height, width))
-    # a sliver such as 1 x 4000 px would otherwise round to 0 and break cv2.resize
-    return max(1, int(height * factor + 0.5)), max(1, int(width * factor + 0.5))
 
 
 class RescaleKeepRatio(A.DualTransform):

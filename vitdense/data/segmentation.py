@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import albumentations as A
 import numpy as np
@@ -29,6 +28,7 @@ from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_po
 from vitdense.data.images import apply_orientation, read_image
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.errors import DataError
+from vitdense.preprocess import Preprocess
 from vitdense.types import SegmentedImages
 
 _logger = logging.getLogger(__name__)
@@ -227,6 +227,8 @@ class SegmentationDataModule(ImageDataModule):
         predict_dir: predict on this folder of images instead of `val_split` (see `ImageDataModule`).
     """
 
+    sample_type: ClassVar[type] = SegmentedImages
+
     #: what a missing root should have been; subclasses name their dataset and where to get it
     layout_help = f"expected the layout {LAYOUT}"
     #: [K, 3] colours of predicted label maps (None: a fixed random palette)
@@ -331,14 +333,5 @@ class SegmentationDataModule(ImageDataModule):
         if stage == "predict":
             self.predict_dataset = self._split(self.val_split, self.eval_transforms())
 
-    def predict_sample(self) -> Callable[[np.ndarray, int], SegmentedImages]:
-        return partial(segmented_sample, self.eval_transforms(), self.ignore_index)
-
-
-def segmented_sample(
-    transform: Callable[..., dict[str, Any]], ignore_index: int, image: np.ndarray, index: int
-) -> SegmentedImages:
-    """An unlabelled image for a segmentation task's `predict_step`: its label map is all
-    `ignore_index` at the image's own size, the size predictions are made at."""
-    mask = torch.full(image.shape[:2], ignore_index, dtype=torch.int64)
-    return SegmentedImages.of(transform(image=image)["image"], mask, index)
+    def preprocess(self) -> Preprocess:
+        return Preprocess("rescale", self.eval_short_side, self.mean, self.std, max_size=4 * self.eval_short_side)

@@ -8,8 +8,7 @@ sample is a pure function of (seed, split, index).
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import albumentations as A
 import numpy as np
@@ -18,9 +17,9 @@ from torch.utils.data import Dataset
 
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple
 from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.data.segmentation import segmented_sample
 from vitdense.data.synthetic import SHAPES, draw_shape, split_seed, textured_background
 from vitdense.errors import DataError
+from vitdense.preprocess import Preprocess
 from vitdense.types import SegmentedImages
 
 
@@ -139,6 +138,8 @@ class SyntheticSegmentationDataModule(ImageDataModule):
             instead of the validation scenes (see `ImageDataModule`).
     """
 
+    sample_type: ClassVar[type] = SegmentedImages
+
     def __init__(
         self,
         *,
@@ -201,5 +202,5 @@ class SyntheticSegmentationDataModule(ImageDataModule):
     def eval_transforms(self) -> A.Compose:
         return segmentation_eval_transforms(self.img_size, self.mean, self.std)
 
-    def predict_sample(self) -> Callable[[np.ndarray, int], SegmentedImages]:
-        return partial(segmented_sample, self.eval_transforms(), self.ignore_index)
+    def preprocess(self) -> Preprocess:
+        return Preprocess("rescale", self.img_size, self.mean, self.std, max_size=4 * self.img_size)

@@ -14,7 +14,11 @@ told the stage ("train",
     summarize(result, stage)                     -> {name: scalar} logged once per epoch
     format_table(result, stage)                  -> optional text table for the log
     draw_batch(batch, pixels, palette)           -> pictures of predictions beside the truth
-    prediction_writer(output_dir)                -> what `predict` writes by default
+
+and what it predicts becomes results through one declaration, its `result_type`
+(`vitdense.results`): `to_results(prediction, context)` for `vitdense.load` and the server,
+`prediction_writer(output_dir)` (a `ResultWriter`) for `predict`; `predict_sample(image,
+size, index)` is the sample an image becomes for `predict_step`.
 
 The shared step and the epoch-end metrics and losses live here once; optimisation in `vitdense.optim`,
 hub weights in `vitdense.tasks.pretrained`, head and class recording and resume RNG state in
@@ -42,14 +46,22 @@ from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
-from vitdense.callbacks import task_callbacks
-from vitdense.checkpoint import HeadFactory, head_factory, record_class_paths, record_head, under_model
+from vitdense.callbacks import ResultWriter, task_callbacks
+from vitdense.checkpoint import (
+    HeadFactory,
+    head_factory,
+    record_class_paths,
+    record_head,
+    record_inference,
+    under_model,
+)
 from vitdense.errors import ConfigError
 from vitdense.metrics import LossMeans
 from vitdense.models import ImageClassifier
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, param_groups, resolve_schedules
+from vitdense.results import Result, ResultContext
 from vitdense.tasks.pretrained import PretrainedBackbone
-from vitdense.types import ImageSizes, Losses
+from vitdense.types import ImageSizes, LabeledImages, Losses, Size
 
 Stage = Literal["train", "val", "test", "predict"]
 STAGES = ("train", "val", "test")
@@ -79,6 +91,8 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
     mode: ClassVar[Literal["min", "max"]] = "min"
     #: also update and log the metrics on training batches (off: evaluation metrics only)
     log_train_metrics: ClassVar[bool] = False
+    #: what one image's prediction becomes (`vitdense.results`); None: the task does not predict
+    result_type: ClassVar[type | None] = None
 
     def __init__(
         self,
@@ -195,9 +209,29 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         `palette`: [K, 3] uint8 class colours. `vitdense.draw` has the pieces. Default: none."""
         return []
 
+    def predict_sample(self, image: torch.Tensor, size: Size, index: int) -> Any:
+        """An image to predict on, as this task's `predict_step` takes it (one sample; the
+        predictor pads a list of them into a batch): `image` [3, H, W] preprocessed
+        (`vitdense.preprocess.Preprocess`), `size` its (H0, W0) as given. Default: an
+        unlabelled `LabeledImages`."""
+        return LabeledImages.unlabeled(image, size, index)
+
+    def to_results(self, prediction: Any, context: ResultContext) -> list[Result]:
+        """`predict_step`'s output for a batch as one typed result per image, through this
+        task's `result_type` (`vitdense.results`): what `vitdense.load` returns, `predict`
+        writes and the server answers."""
+        if self.result_type is None:
+            raise TypeError(
+                f"{type(self).__name__} names no result_type, so its predictions cannot become results: set the "
+                "class attribute result_type to a type with from_prediction, to_dict, write and rows "
+                "(vitdense.results.ClassificationResult and its siblings are examples)"
+            )
+        return self.result_type.from_prediction(prediction, context)
+
     def prediction_writer(self, output_dir: Path) -> BasePredictionWriter | None:
-        """What `predict` writes under `output_dir` when no writer is configured (None: nothing)."""
-        return None
+        """What `predict` writes under `output_dir` when no writer is configured: the result
+        type's files and table (`ResultWriter`); None without a `result_type`."""
+        return ResultWriter(str(output_dir)) if self.result_type is not None else None
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> Any:
         """The model's output for images [B, 3, H, W] padded as `image_sizes` says."""
@@ -205,7 +239,9 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a fit from Python names the task's and the data's classes as the CLI does: the checkpoint loads alone
-        record_class_paths(checkpoint, self, self._trainer.datamodule if self._trainer is not None else None)
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        record_class_paths(checkpoint, self, datamodule)
+        record_inference(checkpoint, datamodule)  # what vitdense.load, serve and export build from
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["state_dict"] = under_model(checkpoint.get("state_dict", {}), self.state_dict())  # older keys

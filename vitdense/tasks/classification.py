@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -15,10 +14,10 @@ from timm.loss import SoftTargetCrossEntropy
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitdense.callbacks import TopKPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads import ClassificationHead
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.results import ClassificationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_classified
 from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages, Losses
@@ -56,6 +55,7 @@ class ClassificationTask(BaseTask):
         (the rest: see `BaseTask`)
     """
 
+    result_type: ClassVar[type] = ClassificationResult
     monitor: ClassVar[str] = "val/acc1"
     mode: ClassVar[Literal["min", "max"]] = "max"
     log_train_metrics: ClassVar[bool] = True
@@ -116,9 +116,6 @@ class ClassificationTask(BaseTask):
         self, metrics: MetricCollection, output: ClassificationOutput, batch: LabeledImages, stage: Stage
     ) -> None:
         metrics.update(output.logits, batch.label)
-
-    def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
-        return TopKPredictionWriter(str(output_dir / "classes.csv"))
 
     def draw_batch(self, batch: LabeledImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
         """One grid: each image with its true and predicted class (green if right, red if not)."""

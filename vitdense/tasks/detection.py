@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -21,7 +20,6 @@ from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer
-from vitdense.callbacks import COCOResultsWriter
 from vitdense.draw import resize
 from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads.detr import DETRHead
@@ -29,9 +27,10 @@ from vitdense.losses import SetCriterion
 from vitdense.metrics import DetectionMeanAP
 from vitdense.models import DETRDetector, Selection
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.results import DetectionResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
-from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses
+from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses, Size
 
 #: the loss from the number of classes K: `criterion(num_classes)`; in YAML a class_path
 #: (+ init_args, e.g. eos_coef, a matcher), default `SetCriterion` with DETR's settings
@@ -88,6 +87,7 @@ class DetectionTask(BaseTask):
         (the rest: see `BaseTask`)
     """
 
+    result_type: ClassVar[type] = DetectionResult
     monitor: ClassVar[str] = "val/map"
     mode: ClassVar[Literal["min", "max"]] = "max"
 
@@ -182,9 +182,6 @@ class DetectionTask(BaseTask):
             rows.append(f"{self.class_names[int(c)]:<24}{100 * a:8.2f}{100 * r:8.2f}")
         return "\n".join(rows)
 
-    def prediction_writer(self, output_dir: Path) -> COCOResultsWriter:
-        return COCOResultsWriter(str(output_dir / "detections.json"), draw_dir=str(output_dir / "drawn"))
-
     def draw_batch(self, batch: DetectedImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
         """Per image: its ground-truth boxes beside the predicted ones (with class names and
         scores), at the image's original size."""
@@ -211,6 +208,10 @@ class DetectionTask(BaseTask):
                 )
             )
         return pictures
+
+    def predict_sample(self, image: torch.Tensor, size: Size, index: int) -> DetectedImages:
+        """No objects; boxes are predicted at (H0, W0)."""
+        return DetectedImages.unlabeled(image, size, index)
 
     def predict_step(self, batch: DetectedImages | None, batch_idx: int) -> Detections | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -15,11 +14,11 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitdense.backbone import VisionTransformer
-from vitdense.callbacks import TopKPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads import LinearProbeHead
 from vitdense.models import LinearProbe
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.results import ClassificationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.classification import top_k_prediction
 from vitdense.tasks.pictures import draw_classified
@@ -52,6 +51,7 @@ class LinearProbeTask(BaseTask):
         backbone: built as configured, then frozen whatever `freeze` says.
     """
 
+    result_type: ClassVar[type] = ClassificationResult
     monitor: ClassVar[str] = "val/acc1"
     mode: ClassVar[Literal["min", "max"]] = "max"
 
@@ -165,9 +165,6 @@ class LinearProbeTask(BaseTask):
             f"{stage}/acc1": accs[best],
             f"{stage}/best_lr_index": best.float(),
         }
-
-    def prediction_writer(self, output_dir: Path) -> TopKPredictionWriter:
-        return TopKPredictionWriter(str(output_dir / "classes.csv"))
 
     def draw_batch(self, batch: LabeledImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
         """One grid: each image with its true class and the best head's prediction."""

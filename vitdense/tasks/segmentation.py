@@ -9,7 +9,6 @@ figures are those of mmseg/Segmenter's evaluation.
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -19,16 +18,16 @@ from torch import nn
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
-from vitdense.callbacks import SegmentationPredictionWriter
 from vitdense.errors import ConfigError
 from vitdense.heads.segmenter import MaskTransformerDecoder
 from vitdense.losses.pixel_losses import pixel_cross_entropy
 from vitdense.metrics import SegmentationMetrics
 from vitdense.models import Segmenter
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.results import SegmentationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_segmented
-from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages
+from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages, Size
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
 DEFAULT_SEGMENTATION_HEAD = partial(MaskTransformerDecoder, depth=2, drop_rate=0.1, drop_path_rate=0.0)
@@ -60,6 +59,7 @@ class SegmentationTask(BaseTask):
         (the rest: see `BaseTask`)
     """
 
+    result_type: ClassVar[type] = SegmentationResult
     monitor: ClassVar[str] = "val/mIoU"
     mode: ClassVar[Literal["min", "max"]] = "max"
 
@@ -163,9 +163,6 @@ class SegmentationTask(BaseTask):
             rows.append(f"{name:<24}{100 * iou:8.2f}{100 * acc:8.2f}")
         return "\n".join(rows)
 
-    def prediction_writer(self, output_dir: Path) -> SegmentationPredictionWriter:
-        return SegmentationPredictionWriter(str(output_dir / "masks"), overlay=True)
-
     def draw_batch(self, batch: SegmentedImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
         """Per image: the image, its ground truth and the prediction (validation's sliding
         windows) as overlays, with a legend of the classes shown."""
@@ -181,6 +178,10 @@ class SegmentationTask(BaseTask):
             )
             for image, logits, target in zip(pixels, output.logits, output.targets, strict=True)
         ]
+
+    def predict_sample(self, image: torch.Tensor, size: Size, index: int) -> SegmentedImages:
+        """Its label map all `ignore_index` at (H0, W0): predictions are made at that size."""
+        return SegmentedImages.unlabeled(image, size, index, self.ignore_index)
 
     def predict_step(self, batch: SegmentedImages | None, batch_idx: int) -> SegmentationPrediction | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
