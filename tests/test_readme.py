@@ -95,3 +95,27 @@ def test_backbone_example(monkeypatch):
     lines = [line for line in code.splitlines() if "checkpoint=" not in line and "pretrained=True" not in line]
     module = as_module("readme_backbone", "\n".join(lines), monkeypatch)
     assert module.f.grid_size == (24, 32)
+
+
+def headings() -> list[tuple[int, str]]:
+    """README's headings as (level, text), code blocks left out (their `# comments` are not headings)."""
+    found, fence = [], False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and (m := re.match(r"(#{1,6}) (.+)", line)):
+            found.append((len(m[1]), m[2].strip()))
+    return found
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_internal_links_name_a_heading():
+    anchors = {anchor(text) for _, text in headings()}
+    links = re.findall(r"\]\(#([^)]+)\)", README.read_text())
+    assert links
+    broken = sorted(set(links) - anchors)
+    assert not broken, f"README links to #{broken}, which no heading of README has (anchors: lowercase, spaces -> -)"
