@@ -119,3 +119,12 @@ def test_internal_links_name_a_heading():
     assert links
     broken = sorted(set(links) - anchors)
     assert not broken, f"README links to #{broken}, which no heading of README has (anchors: lowercase, spaces -> -)"
+
+
+def test_contents_lists_every_section():
+    """The table of contents at the top links every `##` and `###` heading, in README's order."""
+    text = README.read_text()
+    contents = text[text.index("**Contents**") : text.index("\n## ")]
+    listed = re.findall(r"^ *- \[.*\]\(#([^)]+)\)$", contents, re.M)
+    sections = [anchor(heading) for level, heading in headings() if level in (2, 3)]
+    assert listed == sections, "update README's Contents: it should link every ## and ### heading, in order"
