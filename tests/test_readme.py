@@ -128,3 +128,22 @@ def test_contents_lists_every_section():
     listed = re.findall(r"^ *- \[.*\]\(#([^)]+)\)$", contents, re.M)
     sections = [anchor(heading) for level, heading in headings() if level in (2, 3)]
     assert listed == sections, "update README's Contents: it should link every ## and ### heading, in order"
+
+
+def test_layout_names_every_module():
+    """README's Layout table names every module and package of vitdense/, and nothing that is gone."""
+    text = README.read_text()
+    start = text.index("\n## Layout\n")
+    end = text.find("\n## ", start + 1)
+    layout = text[start : end if end >= 0 else len(text)]
+    named = set(re.findall(r"^\| `([^`]+)` \|", layout, re.M))
+    root = README.parent
+    package = root / "vitdense"
+    modules = {p for p in package.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    packages = {p.parent for p in package.rglob("__init__.py")} - {package}
+    expected = {p.relative_to(root).as_posix() for p in modules}
+    expected |= {p.relative_to(root).as_posix() + "/" for p in packages}
+    missing = sorted(expected - named)
+    assert not missing, f"add {missing} to README's Layout table (`| \\`path\\` | one line from its docstring |`)"
+    gone = sorted(name for name in named if not (root / name).exists())
+    assert not gone, f"README's Layout names {gone}, which no longer exist: remove or rename them there"
