@@ -95,3 +95,55 @@ def test_backbone_example(monkeypatch):
     lines = [line for line in code.splitlines() if "checkpoint=" not in line and "pretrained=True" not in line]
     module = as_module("readme_backbone", "\n".join(lines), monkeypatch)
     assert module.f.grid_size == (24, 32)
+
+
+def headings() -> list[tuple[int, str]]:
+    """README's headings as (level, text), code blocks left out (their `# comments` are not headings)."""
+    found, fence = [], False
+    for line in README.read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        elif not fence and (m := re.match(r"(#{1,6}) (.+)", line)):
+            found.append((len(m[1]), m[2].strip()))
+    return found
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_internal_links_name_a_heading():
+    anchors = {anchor(text) for _, text in headings()}
+    links = re.findall(r"\]\(#([^)]+)\)", README.read_text())
+    assert links
+    broken = sorted(set(links) - anchors)
+    assert not broken, f"README links to #{broken}, which no heading of README has (anchors: lowercase, spaces -> -)"
+
+
+def test_contents_lists_every_section():
+    """The table of contents at the top links every `##` and `###` heading, in README's order."""
+    text = README.read_text()
+    contents = text[text.index("**Contents**") : text.index("\n## ")]
+    listed = re.findall(r"^ *- \[.*\]\(#([^)]+)\)$", contents, re.M)
+    sections = [anchor(heading) for level, heading in headings() if level in (2, 3)]
+    assert listed == sections, "update README's Contents: it should link every ## and ### heading, in order"
+
+
+def test_layout_names_every_module():
+    """README's Layout table names every module and package of vitdense/, and nothing that is gone."""
+    text = README.read_text()
+    start = text.index("\n## Layout\n")
+    end = text.find("\n## ", start + 1)
+    layout = text[start : end if end >= 0 else len(text)]
+    named = set(re.findall(r"^\| `([^`]+)` \|", layout, re.M))
+    root = README.parent
+    package = root / "vitdense"
+    modules = {p for p in package.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    packages = {p.parent for p in package.rglob("__init__.py")} - {package}
+    expected = {p.relative_to(root).as_posix() for p in modules}
+    expected |= {p.relative_to(root).as_posix() + "/" for p in packages}
+    missing = sorted(expected - named)
+    assert not missing, f"add {missing} to README's Layout table (`| \\`path\\` | one line from its docstring |`)"
+    gone = sorted(name for name in named if not (root / name).exists())
+    assert not gone, f"README's Layout names {gone}, which no longer exist: remove or rename them there"
