@@ -78,6 +78,13 @@ def exits_with(args, run, capsys) -> str:
     return err.strip().splitlines()[-1]
 
 
+def test_the_file_does_run_code_when_loaded_in_full(evil):
+    """What the refusals below prevent: the marker appears as soon as the file is unpickled."""
+    files, marker = evil
+    read_state_dict(files[".pth"], trust=True)
+    assert marker.exists()
+
+
 BACKBONE_ENTRIES = {
     "read_state_dict": lambda path: read_state_dict(path),
     "create_backbone": lambda path: create_backbone("vit_tiny_patch16_224", checkpoint=path, model_args=TINY),
