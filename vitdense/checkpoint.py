@@ -34,6 +34,7 @@ from torch import nn
 
 import vitdense.backbone.config  # noqa: F401  (hyperparameters hold a BackboneConfig: registered for weights_only)
 from vitdense.errors import CheckpointError, NoTaskError
+from vitdense.safe_load import torch_load
 
 
 def locate(class_path: str) -> Any:
@@ -233,14 +234,25 @@ def under_model(state_dict: dict[str, Any], own_keys: Any) -> dict[str, Any]:
     return {(f"model.{k}" if k not in own and f"model.{k}" in own else k): v for k, v in state_dict.items()}
 
 
+#: the last words of a `ckpt_path` refused for holding objects that could run code
+UNSAFE_CKPT_HINT = (
+    "A vitdense checkpoint holds none: pass a .ckpt written by vitdense training (to start from the weights "
+    "of a file you trust: model.init_args.backbone.checkpoint with trust_checkpoint=true)"
+)
+
+
 def load_checkpoint(path: str | Path) -> Any:
     """The object a checkpoint file holds (tensors memory-mapped: weights stay on disk), or
-    one `CheckpointError` naming the file: no such file, or not a file that loads safely."""
+    one `CheckpointError` naming the file: no such file, not a checkpoint, or one holding
+    objects that could run code as they load (`vitdense.safe_load`)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"ckpt_path {path}: no such file")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # no opt-in here: vitdense's own checkpoints load with weights_only (Lightning reloads them so)
+        return torch_load(path, "ckpt_path", hint=UNSAFE_CKPT_HINT, mmap=True)
+    except CheckpointError:
+        raise
     except (pickle.UnpicklingError, RuntimeError, zipfile.BadZipFile, EOFError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(

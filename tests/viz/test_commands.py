@@ -53,7 +53,7 @@ def run(command, *args, out, images=None):
 @pytest.mark.parametrize("command", BACKBONE_COMMANDS)
 @pytest.mark.parametrize("source", ["random", "timm file"])
 def test_every_backbone_command_writes_its_figure_and_numbers(command, source, photos, timm_file, tmp_path):
-    model_args = TINY if source == "random" else ["--checkpoint", str(timm_file), *TINY]
+    model_args = TINY if source == "random" else ["--weights", str(timm_file), *TINY]
     images = photos if command in ("attention", "rollout", "attention-distance") else None
     written = run(command, *model_args, *BACKBONE_COMMANDS[command], out=tmp_path, images=images)
     pngs = [p for p in written if p.suffix == ".png"]
@@ -69,17 +69,17 @@ def test_a_timm_file_is_loaded_not_ignored(timm_file):
     from safetensors.torch import load_file
 
     reference.load_state_dict(load_file(timm_file))
-    model = load_model(str(timm_file), "vit_tiny_patch16_224", {"depth": 2}, 64)
+    model = load_model(None, str(timm_file), "vit_tiny_patch16_224", {"depth": 2}, 64)
     assert torch.equal(model.backbone.pos_embed, reference.pos_embed)
     assert torch.equal(model.backbone.patch_embed.proj.weight, reference.patch_embed.proj.weight)
 
 
 def test_saved_numbers_are_the_analyses_of_the_model(photos, timm_file, tmp_path):
-    model = load_model(str(timm_file), "vit_tiny_patch16_224", {"depth": 2}, 64)
+    model = load_model(None, str(timm_file), "vit_tiny_patch16_224", {"depth": 2}, 64)
     image = np.asarray(Image.open(photos / "square.png").convert("RGB"))
     with torch.no_grad():
         features = model.backbone(prepare(image, model), attentions=[0, 1])
-    args = ["--checkpoint", str(timm_file), *TINY]
+    args = ["--weights", str(timm_file), *TINY]
 
     run("rollout", *args, out=tmp_path, images=photos / "square.png")
     rolled = analysis.attention_rollout(features.attentions)[0, 0, 1:].reshape(1, 4, 4)
@@ -99,7 +99,7 @@ def test_saved_numbers_are_the_analyses_of_the_model(photos, timm_file, tmp_path
 def test_decoder_attention_on_a_detection_checkpoint(trained, photos, tmp_path):
     _, ckpt = trained["det"]
     # 5 panels in rows of 4: the second row is part empty
-    written = run("decoder-attention", "--checkpoint", str(ckpt), "--top", "4", out=tmp_path, images=photos)
+    written = run("decoder-attention", "--ckpt_path", str(ckpt), "--top", "4", out=tmp_path, images=photos)
     maps = np.load(tmp_path / "decoder-attention" / "wide.npy")
     model = load_model(str(ckpt))
     grid = model.backbone.patch_embed.grid_for(model.img_size, model.img_size)
@@ -110,7 +110,7 @@ def test_decoder_attention_on_a_detection_checkpoint(trained, photos, tmp_path):
 
 def test_class_masks_on_a_segmentation_checkpoint(trained, photos, tmp_path):
     _, ckpt = trained["seg"]
-    written = run("class-masks", "--checkpoint", str(ckpt), out=tmp_path, images=photos)
+    written = run("class-masks", "--ckpt_path", str(ckpt), out=tmp_path, images=photos)
     probs = np.load(tmp_path / "class-masks" / "tall.npy")
     model = load_model(str(ckpt))
     assert probs.shape[0] == model.task.num_classes
@@ -120,14 +120,14 @@ def test_class_masks_on_a_segmentation_checkpoint(trained, photos, tmp_path):
 
 def test_backbone_commands_take_a_task_checkpoint_too(trained, tmp_path):
     _, ckpt = trained["cls"]
-    assert run("pos-embed", "--checkpoint", str(ckpt), out=tmp_path)
+    assert run("pos-embed", "--ckpt_path", str(ckpt), out=tmp_path)
 
 
 def test_a_checkpoint_saved_from_python(fitted_from_python, photos, tmp_path):
     """A task fitted with `lightning.Trainer(...).fit(task, datamodule)`, no CLI: its checkpoint
     loads as its task, with its data's normalisation."""
     task, ckpt = fitted_from_python
-    written = run("rollout", "--checkpoint", str(ckpt), out=tmp_path, images=photos)
+    written = run("rollout", "--ckpt_path", str(ckpt), out=tmp_path, images=photos)
     assert sum(p.suffix == ".png" for p in written) == 3
     model = load_model(str(ckpt))
     assert type(model.task) is type(task) and model.img_size == 32
@@ -136,13 +136,13 @@ def test_a_checkpoint_saved_from_python(fitted_from_python, photos, tmp_path):
 
 def test_an_older_python_checkpoint(older_python_checkpoint, capsys, tmp_path):
     """Saved from Python before checkpoints named their classes: the error says how to load it,
-    and its encoder alone is shown with --model."""
+    and its encoder alone is shown as --weights with --model."""
     with pytest.raises(SystemExit):
-        main(["pos-embed", "--checkpoint", str(older_python_checkpoint), "--out", str(tmp_path)])
+        main(["pos-embed", "--ckpt_path", str(older_python_checkpoint), "--out", str(tmp_path)])
     err = capsys.readouterr().err
-    assert "TheTask.load_from_checkpoint(" in err and "add --model" in err
+    assert "TheTask.load_from_checkpoint(" in err and "--weights <this file> --model" in err
     tiny = ["--model", "vit_tiny_patch16_224", "--model-args", '{"depth": 1}', "--img-size", "32"]
-    assert run("pos-embed", "--checkpoint", str(older_python_checkpoint), *tiny, out=tmp_path)
+    assert run("pos-embed", "--weights", str(older_python_checkpoint), *tiny, out=tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -150,11 +150,11 @@ def test_an_older_python_checkpoint(older_python_checkpoint, capsys, tmp_path):
     [
         (["decoder-attention", "--images", "x.png"], "decoder-attention needs a detection checkpoint"),
         (["filters", "--model", "vit_tiny_r_s16_p8_224"], "a hybrid embeds ResNet features"),
-        (["filters"], "give --checkpoint"),
+        (["filters"], "give --ckpt_path"),
     ],
 )
 def test_clear_errors(args, message, trained, capsys):
-    argv = [*args, "--checkpoint", str(trained["cls"][1])] if args[0] == "decoder-attention" else args
+    argv = [*args, "--ckpt_path", str(trained["cls"][1])] if args[0] == "decoder-attention" else args
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
@@ -162,7 +162,7 @@ def test_clear_errors(args, message, trained, capsys):
 
 def test_a_weight_file_needs_its_architecture(timm_file, capsys):
     with pytest.raises(SystemExit):
-        main(["filters", "--checkpoint", str(timm_file)])
+        main(["filters", "--weights", str(timm_file)])
     assert "add --model <timm name of its architecture>" in capsys.readouterr().err
 
 
@@ -174,3 +174,20 @@ def test_python_dash_m_entry_point(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert f"wrote {tmp_path / 'filters' / 'filters.png'}" in out.stdout
+
+
+def test_the_old_checkpoint_option_still_works_and_warns(trained, timm_file, tmp_path):
+    """`--checkpoint` took either kind of file; it still does, naming the option that replaces it."""
+    _, ckpt = trained["cls"]
+    with pytest.warns(FutureWarning, match=f"--checkpoint is deprecated: use --ckpt_path {ckpt}"):
+        assert run("pos-embed", "--checkpoint", str(ckpt), out=tmp_path)
+    with pytest.warns(FutureWarning, match=f"--checkpoint is deprecated: use --weights {timm_file}"):
+        assert run("pos-embed", "--checkpoint", str(timm_file), *TINY, out=tmp_path)
+
+
+def test_ckpt_path_and_weights_are_one_or_the_other(trained, timm_file, capsys):
+    with pytest.raises(SystemExit):
+        main(["pos-embed", "--ckpt_path", str(trained["cls"][1]), "--weights", str(timm_file), *TINY])
+    assert (
+        "give --ckpt_path (a vitdense .ckpt) or --weights (a backbone weight file), not both" in capsys.readouterr().err
+    )

@@ -21,6 +21,10 @@ class BackboneConfig:
             ("vit_base_patch16_224.augreg_in21k").
         pretrained: load the tag's weights from timm's hub (online).
         checkpoint: load the encoder from a local file instead (timm format or JAX .npz).
+        trust_checkpoint: `checkpoint` is a file you trust: load it in full even if it holds
+            Python objects beyond tensors and plain values (unpickling such a file may run
+            any code). Off: such a file is refused, naming this key; official checkpoints
+            (DeiT's and MAE's `args` Namespace, numpy scalars) load without it.
         img_size: native input size; position embeddings are resampled to it on loading.
         drop_path_rate: stochastic depth.
         freeze: give the encoder no gradients (train the head only).
@@ -35,6 +39,7 @@ class BackboneConfig:
     name: str = "vit_tiny_patch16_224"
     pretrained: bool = False
     checkpoint: str | None = None
+    trust_checkpoint: bool = False
     img_size: int | None = None
     drop_path_rate: float = 0.0
     freeze: bool = False
@@ -62,6 +67,7 @@ class BackboneConfig:
             self.img_size,
             drop_path_rate=self.drop_path_rate,
             model_args=self.model_args,
+            trust_checkpoint=self.trust_checkpoint,
         )
         backbone.set_grad_checkpointing(self.grad_checkpointing)
         if self.freeze:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from torch import nn
 from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.backbone.vit import AttnImpl, VisionTransformer
 from vitdense.errors import CheckpointError, ConfigError
+from vitdense.safe_load import torch_load
 
 _logger = logging.getLogger(__name__)
 
@@ -138,8 +138,14 @@ def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
     )
 
 
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a `.safetensors`, `.pth`/`.pt`/`.bin`/`.ckpt` file (CPU)."""
+def read_state_dict(path: str | Path, trust: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors of a `.safetensors`, `.pth`/`.pt`/`.bin`/`.ckpt` file (CPU).
+
+    Torch files are unpickled without running code from them (`vitdense.safe_load`): tensors,
+    plain values and what official checkpoints carry beside them (an `args` Namespace, numpy
+    scalars). A file holding other objects raises `CheckpointError`, unless `trust` (a file the
+    user trusts: it is then loaded in full, and may run code as it loads).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -150,15 +156,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
             return load_file(str(path))
         if suffix in TORCH_SUFFIXES:
-            try:
-                return torch.load(path, map_location="cpu", weights_only=True)
-            except pickle.UnpicklingError:
-                # training checkpoints may pickle config objects (argparse.Namespace, ...);
-                # the user named this local file, so load it in full, and say so
-                _logger.warning(
-                    "%s holds pickled Python objects besides tensors; loading it with weights_only=False", path
-                )
-                return torch.load(path, map_location="cpu", weights_only=False)
+            return torch_load(path, "checkpoint", trust=trust)
+    except CheckpointError:
+        raise
     except Exception as err:  # corrupt or truncated files raise many different types
         raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
     raise CheckpointError(
@@ -222,6 +222,7 @@ def create_backbone(
     drop_path_rate: float = 0.0,
     attn_impl: AttnImpl = "auto",
     model_args: dict[str, Any] | None = None,
+    trust_checkpoint: bool = False,
 ) -> VisionTransformer:
     """A vitdense `VisionTransformer` with the architecture of timm's `model_name`.
 
@@ -240,6 +241,10 @@ def create_backbone(
             smaller model trained from scratch; pretrained weights must still fit them. Also
             vitdense's windowed attention (`window_size` or `num_windows`, with
             `global_attn_indexes`; see `VisionTransformer`), which adds no weights.
+        trust_checkpoint: load a torch `checkpoint` that holds Python objects beyond
+            tensors and plain values in full (it may run code as it loads: only for a file
+            you trust). Without it such a file raises `CheckpointError`; official
+            checkpoints (DeiT's, MAE's `args` Namespace, numpy scalars) load without it.
     """
     if pretrained and checkpoint is not None:
         raise ConfigError("create_backbone: give either pretrained=True or checkpoint=..., not both")
@@ -247,6 +252,9 @@ def create_backbone(
     model_args = dict(model_args or {})
     windows = {k: model_args.pop(k) for k in WINDOW_ARGS if k in model_args}
     ref = _timm_reference(model_name, img_size, model_args=model_args)
+    # a missing, unreadable or refused file fails before the random initialisation (seconds for a large model)
+    is_npz = checkpoint is not None and Path(checkpoint).suffix.lower() == ".npz"
+    tensors = read_state_dict(checkpoint, trust_checkpoint) if checkpoint is not None and not is_npz else None
     model = VisionTransformer(
         **arch_from_timm(ref, model_name),
         drop_rate=drop_rate,
@@ -269,7 +277,7 @@ def create_backbone(
         load_weights(model, timm_model.state_dict(), f"timm pretrained {model_name}")
     elif checkpoint is not None:
         path = Path(checkpoint)
-        if path.suffix.lower() == ".npz":
+        if is_npz:
             if not path.is_file():
                 raise FileNotFoundError(f"checkpoint {path} does not exist")
             # timm's converter for the JAX layouts (original ViT, big_vision, hybrids)
@@ -277,6 +285,6 @@ def create_backbone(
             timm_model.load_pretrained(str(path))
             state_dict = timm_model.state_dict()
         else:
-            state_dict = checkpoint_filter_fn(_encoder_tensors(read_state_dict(path)), ref)
+            state_dict = checkpoint_filter_fn(_encoder_tensors(tensors), ref)
         load_weights(model, state_dict, f"checkpoint {path}")
     return model

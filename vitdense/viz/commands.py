@@ -3,13 +3,16 @@ Segmenter's views of their heads, on any vitdense checkpoint, timm-format weight
 randomly initialised timm architecture. Each command writes PNG files (and, with
 `--save-data`, the numbers behind them as .npy or .csv) and prints where.
 
-    python -m vitdense.viz attention --checkpoint runs/demo_cls/checkpoints/last.ckpt --images photos/
-    python -m vitdense.viz rollout --checkpoint vit_b16.safetensors --model vit_base_patch16_224 --images a.jpg
-    python -m vitdense.viz attention-distance --checkpoint ... --images imagenet/val --num-images 128
-    python -m vitdense.viz pos-embed --checkpoint ... [--grid 14x14]
-    python -m vitdense.viz filters --checkpoint ...
-    python -m vitdense.viz decoder-attention --checkpoint runs/demo_det/checkpoints/last.ckpt --images photos/
-    python -m vitdense.viz class-masks --checkpoint runs/demo_seg/checkpoints/last.ckpt --images photos/
+    python -m vitdense.viz attention --ckpt_path runs/demo_cls/checkpoints/last.ckpt --images photos/
+    python -m vitdense.viz rollout --weights vit_b16.safetensors --model vit_base_patch16_224 --images a.jpg
+    python -m vitdense.viz attention-distance --ckpt_path ... --images imagenet/val --num-images 128
+    python -m vitdense.viz pos-embed --ckpt_path ... [--grid 14x14]
+    python -m vitdense.viz filters --weights ... --model ...
+    python -m vitdense.viz decoder-attention --ckpt_path runs/demo_det/checkpoints/last.ckpt --images photos/
+    python -m vitdense.viz class-masks --ckpt_path runs/demo_seg/checkpoints/last.ckpt --images photos/
+
+`--ckpt_path` is a training checkpoint, as for `python -m vitdense validate|test|predict`;
+`--weights` a backbone weight file, as `model.init_args.backbone.checkpoint` of `fit`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import csv
 import json
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,8 +30,9 @@ import torch
 
 from vitdense.backbone.vit import PatchEmbed
 from vitdense.errors import ConfigError
+from vitdense.safe_load import TRUST_FLAG
 from vitdense.viz import analysis, figures
-from vitdense.viz.load import Model, load_images, load_model, prepare
+from vitdense.viz.load import Model, load_images, load_model, prepare, split_checkpoint
 
 
 class Output:
@@ -244,7 +249,14 @@ def parser() -> argparse.ArgumentParser:
     sub = main.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
         p = sub.add_parser(name, help=command.__doc__.splitlines()[0], description=command.__doc__)
-        p.add_argument("--checkpoint", help="a vitdense .ckpt, or a timm-format/.npz weight file (with --model)")
+        p.add_argument("--ckpt_path", help="a vitdense training checkpoint (.ckpt): its task and normalisation")
+        p.add_argument("--weights", help="a backbone weight file: timm .safetensors/.pth/.bin or .npz (with --model)")
+        p.add_argument(
+            TRUST_FLAG,
+            action="store_true",
+            help="--weights is a file you trust: load it even if it holds Python objects that could run code",
+        )
+        p.add_argument("--checkpoint", help=argparse.SUPPRESS)  # deprecated: --ckpt_path or --weights
         p.add_argument("--model", help="timm name of the architecture (for weight files, or alone: random weights)")
         p.add_argument("--model-args", type=json.loads, default=None, help="timm overrides, e.g. '{\"depth\": 6}'")
         p.add_argument("--img-size", type=int, default=None, help="square input side (default: the model's)")
@@ -272,7 +284,18 @@ def main(argv: list[str] | None = None) -> list[Path]:
     """Run one command; returns the files written."""
     args = parser().parse_args(argv)
     try:
-        model = load_model(args.checkpoint, args.model, args.model_args, args.img_size)
+        ckpt_path, weights = args.ckpt_path, args.weights
+        if args.checkpoint is not None:
+            if ckpt_path is not None or weights is not None:
+                raise ConfigError("--checkpoint is the old name of --ckpt_path and --weights: give one of the three")
+            ckpt_path, weights = split_checkpoint(args.checkpoint, args.model)
+            # argparse's own deprecation warnings name no replacement; this one names the right one
+            warnings.warn(
+                f"--checkpoint is deprecated: use {'--ckpt_path' if ckpt_path else '--weights'} {args.checkpoint}",
+                FutureWarning,
+                stacklevel=2,
+            )
+        model = load_model(ckpt_path, weights, args.model, args.model_args, args.img_size, args.trust_checkpoint)
         out = Output(args.out, args.command, args.save_data)
         COMMANDS[args.command](model, args, out)
     except (ConfigError, FileNotFoundError, ValueError) as err:

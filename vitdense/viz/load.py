@@ -1,6 +1,6 @@
-"""What `python -m vitdense.viz` looks at: a vitdense training checkpoint (task, head and
-normalisation), a timm-format or JAX weight file, or a timm architecture at random
-initialisation; and images, prepared as the model expects them."""
+"""What `python -m vitdense.viz` looks at: a vitdense training checkpoint (`--ckpt_path`:
+task, head and normalisation), a timm-format or JAX weight file (`--weights`), or a timm
+architecture at random initialisation; and images, prepared as the model expects them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.checkpoint import Checkpoint
-from vitdense.errors import ConfigError, NoTaskError
+from vitdense.errors import CheckpointError, ConfigError, NoTaskError
 
 #: weight files that are never Lightning checkpoints
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".bin")
@@ -35,40 +35,50 @@ class Model:
 
 
 def load_model(
-    checkpoint: str | None = None,
+    ckpt_path: str | None = None,
+    weights: str | None = None,
     model: str | None = None,
     model_args: dict[str, Any] | None = None,
     img_size: int | None = None,
+    trust_checkpoint: bool = False,
 ) -> Model:
-    """The model behind `checkpoint` and/or `model`, in evaluation mode on the CPU.
+    """The model behind `ckpt_path`, or `weights` and/or `model`, in evaluation mode on the CPU.
 
-    - a `.ckpt` of a vitdense task (`python -m vitdense fit`, or `Trainer.fit` from Python):
-      its task (backbone and head) and the normalisation its data used;
-    - a weight file (timm `.safetensors`/`.pth`/`.bin`, or a JAX `.npz`) with `model`, the
-      timm name of its architecture;
+    - `ckpt_path`, a `.ckpt` of a vitdense task (`python -m vitdense fit`, or `Trainer.fit`
+      from Python): its task (backbone and head) and the normalisation its data used;
+    - `weights`, a backbone weight file (timm `.safetensors`/`.pth`/`.bin`, a JAX `.npz`, or a
+      Lightning `.ckpt` read for its encoder alone) with `model`, the timm name of its
+      architecture; `trust_checkpoint` loads one holding Python objects beyond tensors
+      (see `BackboneConfig.trust_checkpoint`);
     - `model` alone: that architecture, randomly initialised (`model_args` overrides it).
 
     Raises:
-        ConfigError: neither given, or a weight file without `model`.
-        CheckpointError: the file cannot be read as either kind.
+        ConfigError: nothing given, both files given, or weights without `model`.
+        CheckpointError: the file cannot be read as its kind, or would run code as it loads.
     """
-    if checkpoint is None and model is None:
-        raise ConfigError("give --checkpoint (a vitdense .ckpt or a weight file) and/or --model (a timm name)")
-    if checkpoint is not None and Path(checkpoint).suffix.lower() not in WEIGHT_SUFFIXES:
+    if ckpt_path is not None and weights is not None:
+        raise ConfigError("give --ckpt_path (a vitdense .ckpt) or --weights (a backbone weight file), not both")
+    if ckpt_path is None and weights is None and model is None:
+        raise ConfigError(
+            "give --ckpt_path (a vitdense .ckpt), or --weights (a weight file) with --model, or --model alone "
+            "(a timm name: random weights)"
+        )
+    if ckpt_path is not None:
         try:
-            found = Checkpoint(checkpoint)
+            return _from_task(Checkpoint(ckpt_path), img_size)
         except NoTaskError as err:
-            if err.lightning and model is None:
-                hint = "or look at its encoder alone: add --model <timm name of its architecture>"
+            if err.lightning:
+                hint = "or look at its encoder alone: --weights <this file> --model <timm name of its architecture>"
                 raise ConfigError(f"{err}; {hint}") from err
-        else:
-            return _from_task(found, img_size)
+            raise ConfigError(f"{err}; in python -m vitdense.viz: --weights <this file> --model <timm name>") from err
     if model is None:
         raise ConfigError(
-            f"{checkpoint}: a weight file without its task; add --model <timm name of its architecture>, "
+            f"{weights}: a weight file without its task; add --model <timm name of its architecture>, "
             "e.g. --model vit_base_patch16_224"
         )
-    backbone = create_backbone(model, checkpoint=checkpoint, img_size=img_size, model_args=model_args).eval()
+    backbone = create_backbone(
+        model, checkpoint=weights, img_size=img_size, model_args=model_args, trust_checkpoint=trust_checkpoint
+    ).eval()
     cfg = backbone.pretrained_cfg
     return Model(
         backbone,
@@ -76,8 +86,22 @@ def load_model(
         tuple(cfg.get("mean", IMAGENET_DEFAULT_MEAN)),
         tuple(cfg.get("std", IMAGENET_DEFAULT_STD)),
         img_size or backbone.img_size[0],
-        checkpoint or f"{model} (random initialisation)",
+        weights or f"{model} (random initialisation)",
     )
+
+
+def split_checkpoint(checkpoint: str, model: str | None) -> tuple[str | None, str | None]:
+    """(ckpt_path, weights) for the deprecated `--checkpoint`, which took either: a weight
+    suffix is weights; given `model`, a file that is not a task's checkpoint is read for its
+    encoder, as before; anything else is a training checkpoint."""
+    if Path(checkpoint).suffix.lower() in WEIGHT_SUFFIXES:
+        return None, checkpoint
+    if model is not None:
+        try:
+            Checkpoint(checkpoint)
+        except CheckpointError:  # no task in it, or not loadable as one: the weights' reader says which
+            return None, checkpoint
+    return checkpoint, None
 
 
 def _from_task(found: Checkpoint, img_size: int | None) -> Model:
