@@ -247,3 +247,44 @@ def test_a_head_chosen_in_yaml_gets_its_own_defaults(capsys, tmp_path):
     printed = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]["head"]["init_args"]
     assert (printed["num_queries"], printed["dec_layers"], printed["dropout"]) == (300, 3, 0.0)  # LWDETRHead's
     assert printed["neck"]["init_args"]["scale_factors"] == [4.0, 2.0, 1.0, 0.5]  # SimpleFeaturePyramid's
+
+
+def test_the_top_level_help_names_vitdense_and_every_command():
+    """`python -m vitdense --help` as a user runs it: LightningCLI's said "usage: __main__.py",
+    "Lightning Trainer command line tool" and listed only fit/validate/test/predict."""
+    import subprocess
+    import sys
+
+    from vitdense.cli_help import COMMAND_HELP
+
+    done = subprocess.run([sys.executable, "-m", "vitdense", "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "usage: python -m vitdense {fit,validate,test,predict,export,serve} [options]"
+    assert lines[2].startswith("vitdense is a PyTorch Lightning plugin for Vision Transformer")
+    assert "Lightning Trainer command line tool" not in done.stdout and "__main__" not in done.stdout
+    for name in ("fit", "validate", "test", "predict", "export", "serve"):
+        assert f"  {name:<10}  {COMMAND_HELP[name]}" in lines
+    assert any(line.startswith("  python -m vitdense.viz ") for line in lines)
+    assert any(line.startswith("  python -m vitdense.bench ") for line in lines)
+
+
+def test_short_help_and_no_arguments_print_the_same(capsys):
+    from vitdense.cli_help import top_level_help
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["-h"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == top_level_help()
+    with pytest.raises(SystemExit) as exit_info:
+        main([])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2  # no command: a usage error, with the help to choose one
+    assert err == top_level_help() + "python -m vitdense: error: no command given\n"
+
+
+@pytest.mark.parametrize("command", ["fit", "predict", "export", "serve"])
+def test_each_commands_help_names_it(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: python -m vitdense {command} ")

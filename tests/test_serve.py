@@ -1,8 +1,10 @@
-"""`python -m vitdense serve`: a real server on 127.0.0.1, asked over HTTP. Concurrent requests
-(batched by the server) get the predictor's numbers; each bad request gets its own 4xx with a
-message, and the server keeps answering."""
+"""`python -m vitdense serve`: a real server, started with its default host and an API key,
+asked over HTTP. Concurrent requests (batched by the server) get the predictor's numbers; each
+bad request gets its own 4xx with a message, and the server keeps answering; it listens on
+127.0.0.1 only and wants the key everywhere but /health."""
 
 import base64
+import http.client
 import io
 import json
 import os
@@ -15,6 +17,7 @@ import urllib.error
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +26,9 @@ from PIL import Image
 import vitdense
 
 #: the server's limits in this test (small, so that over-limit requests are cheap to make)
-MAX_BYTES, MAX_PIXELS = 300_000, 200_000
+MAX_BYTES, MAX_PIXELS = 100_000, 200_000
+#: the test server's API key (from the environment, as a user gives it)
+KEY = "test-key-" + uuid.uuid4().hex
 #: seconds the server may take to start (it loads torch and the checkpoint in two processes)
 START_TIMEOUT = 180
 
@@ -35,14 +40,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(trained, tmp_path_factory):
-    """The detection demo checkpoint served on a free port: its base URL."""
+def server_process(trained, tmp_path_factory):
+    """The detection demo checkpoint served on a free port, with no `--host` (the default) and
+    the key `KEY` in LIT_SERVER_API_KEY: (its base URL, its log file)."""
     _, ckpt = trained["det"]
     port = free_port()
     log = (tmp_path_factory.mktemp("serve") / "server.log").open("w")
-    command = [sys.executable, "-m", "vitdense", "serve", f"--ckpt_path={ckpt}", "--host=127.0.0.1"]
+    command = [sys.executable, "-m", "vitdense", "serve", f"--ckpt_path={ckpt}"]
     command += [f"--port={port}", f"--max_bytes={MAX_BYTES}", f"--max_pixels={MAX_PIXELS}", "--max_batch_size=8"]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, "LIT_SERVER_API_KEY": KEY}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -58,7 +65,7 @@ def server(trained, tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail(f"the server did not start in {START_TIMEOUT} s: {open(log.name).read()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield url, Path(log.name)
     finally:
         os.killpg(process.pid, signal.SIGTERM)  # the server and its worker processes
         try:
@@ -68,8 +75,15 @@ def server(trained, tmp_path_factory):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def server(server_process) -> str:
+    """The test server's base URL."""
+    return server_process[0]
+
+
 def post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
-    request = urllib.request.Request(f"{url}/predict", data=body, headers={"Content-Type": content_type})
+    headers = {"Content-Type": content_type, "X-API-Key": KEY}
+    request = urllib.request.Request(f"{url}/predict", data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as answer:
             return answer.status, json.loads(answer.read())
@@ -155,6 +169,157 @@ def test_readme_client_example(server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "photos").mkdir()
     Image.fromarray(np.full((40, 30, 3), 200, np.uint8)).save(tmp_path / "photos" / "a.jpg")
+    # the README's example is for a server without a key (the default); this one has one
+    monkeypatch.setenv("LIT_SERVER_API_KEY", KEY)
+    opener = urllib.request.build_opener()
+    opener.addheaders = [("X-API-Key", KEY)]
+    monkeypatch.setattr(urllib.request, "_opener", opener)
     (code,) = code_blocks("Serving a model over HTTP")
     module = as_module("readme_serve", code.replace("http://127.0.0.1:8000", server), monkeypatch)
     assert module.answer["size"] == [40, 30] and module.answer["task"] == "detection"
+
+
+def get(url: str, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
+    """(status, body, headers) of a GET."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as answer:
+            return answer.status, answer.read(), dict(answer.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), dict(err.headers)
+
+
+@pytest.mark.parametrize("path", ["/info", "/predict", "/", "/docs", "/openapi.json"])
+@pytest.mark.parametrize("key", [None, "wrong", KEY[:-1], KEY + "x"], ids=["no-key", "wrong", "prefix", "longer"])
+def test_every_path_but_health_needs_the_key(server, path, key):
+    headers = {} if key is None else {"X-API-Key": key}
+    if path == "/predict":
+        body, content_type = multipart("image", png(np.zeros((32, 32, 3), np.uint8)))
+        request = urllib.request.Request(f"{server}{path}", body, {**headers, "Content-Type": content_type})
+        with pytest.raises(urllib.error.HTTPError) as raised:
+            urllib.request.urlopen(request, timeout=30)
+        status, answer, answer_headers = raised.value.code, raised.value.read(), dict(raised.value.headers)
+    else:
+        status, answer, answer_headers = get(f"{server}{path}", headers)
+    assert status == 401, answer
+    assert answer_headers["content-type"] == "application/json" and answer_headers["www-authenticate"] == "APIKey"
+    detail = json.loads(answer)["detail"]
+    assert "X-API-Key" in detail and KEY not in detail
+
+
+def test_with_the_key_info_answers_and_health_is_open(server):
+    status, answer, _ = get(f"{server}/info", {"X-API-Key": KEY})
+    assert status == 200 and json.loads(answer)["model"]["max_bytes"] == MAX_BYTES
+    assert get(f"{server}/health", {})[:2] == (200, b"ok")  # a load balancer's probe carries no key
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the sockets listening on `port` (Linux's /proc/net/tcp*), as
+    hexadecimal strings: "0100007F" is 127.0.0.1, "00000000" 0.0.0.0."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.123", 9))  # (TEST-NET-1: any routable address does)
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_the_server_listens_on_this_machine_only_by_default(server_process):
+    from vitdense.serve import parser
+
+    assert parser().parse_args(["--ckpt_path=x"]).host == "127.0.0.1"
+    url, log = server_process
+    port = int(url.rsplit(":", 1)[1])
+    if Path("/proc/net/tcp").exists():
+        assert listening_addresses(port) == {"0100007F"}  # 127.0.0.1, and not 0.0.0.0 or ::
+    if (address := non_loopback_address()) is not None:
+        with pytest.raises(ConnectionRefusedError), socket.create_connection((address, port), timeout=5):
+            pass
+    lines = log.read_text()
+    assert f"listening on http://127.0.0.1:{port} (this machine only); every request but GET /health" in lines
+    assert "(LIT_SERVER_API_KEY) in X-API-Key" in lines.replace("$", "") and KEY not in lines
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_another_host_when_asked(trained, monkeypatch, host):
+    """`--host 0.0.0.0` reaches LitServe's `run` (which binds to it), with no key needed."""
+    import litserve
+
+    from vitdense import serve
+
+    ran = {}
+    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **kwargs: ran.update(kwargs))
+    monkeypatch.delenv("LIT_SERVER_API_KEY", raising=False)
+    serve.main([f"--ckpt_path={trained['det'][1]}", f"--host={host}", "--port=8123"])
+    assert ran["host"] == host and ran["port"] == 8123
+
+
+def test_a_host_litserve_cannot_bind_is_refused_by_the_parser(capsys):
+    from vitdense.serve import parser
+
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--ckpt_path=x", "--host=localhost"])
+    assert "invalid choice: 'localhost'" in capsys.readouterr().err
+
+
+def test_the_key_comes_from_the_environment_variable_named():
+    from vitdense.errors import ConfigError
+    from vitdense.serve import api_key_from_env
+
+    assert api_key_from_env(None, {}) is None and api_key_from_env(None, {"LIT_SERVER_API_KEY": ""}) is None
+    assert api_key_from_env(None, {"LIT_SERVER_API_KEY": "k"}) == "k"
+    assert api_key_from_env("MY_KEY", {"MY_KEY": "m", "LIT_SERVER_API_KEY": "k"}) == "m"
+    for environ, why in [({}, "not set"), ({"MY_KEY": ""}, "empty")]:
+        with pytest.raises(ConfigError, match=f"--api_key_env MY_KEY: the environment variable MY_KEY is {why}"):
+            api_key_from_env("MY_KEY", environ)
+
+
+def send_large_body(url: str, size: int, *, chunked: bool, key: str | None) -> tuple[int, dict]:
+    """POST `size` bytes to /predict in 16 kB pieces as urllib does it (`Connection: close`),
+    declared (Content-Length) or chunked, then read the answer: (status, its JSON)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.putrequest("POST", "/predict")
+        connection.putheader("Content-Type", "application/json")
+        connection.putheader("Connection", "close")  # the server closes after its answer: the case that reset
+        if key is not None:
+            connection.putheader("X-API-Key", key)
+        connection.putheader(*(("Transfer-Encoding", "chunked") if chunked else ("Content-Length", str(size))))
+        connection.endheaders()
+        piece = b"x" * 16384
+        for start in range(0, size, len(piece)):
+            part = piece[: size - start]
+            connection.send(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+        if chunked:
+            connection.send(b"0\r\n\r\n")
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("chunked", "key", "status"),
+    [(False, KEY, 413), (True, KEY, 413), (False, None, 401)],
+    ids=["content-length", "chunked", "no-key"],
+)
+def test_a_refusal_of_a_large_body_is_always_read(server, chunked, key, status):
+    """A body 20 times --max_bytes, refused: the client reads the answer every time (the
+    server answered and closed while the client was still sending, and in about half the tries
+    the client saw a reset or a broken pipe instead of the 413)."""
+    answers = [send_large_body(server, 20 * MAX_BYTES, chunked=chunked, key=key) for _ in range(20)]
+    assert [got for got, _ in answers] == [status] * 20
+    assert all(("over the limit" if status == 413 else "X-API-Key") in answer["detail"] for _, answer in answers)

@@ -31,6 +31,7 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from vitdense.checkpoint import Checkpoint, load_checkpoint, locate
+from vitdense.cli_help import DESCRIPTION, HELP_ARGS, PROG, print_top_level_help
 from vitdense.data.base import loader_key_hint
 from vitdense.errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from vitdense.tasks import BaseTask
@@ -105,6 +106,13 @@ LINKED = {
 class VitDenseCLI(LightningCLI):
     #: the `--ckpt_path` checkpoint of validate/test/predict (None: none, or one Lightning resolves)
     checkpoint: Checkpoint | None = None
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        # jsonargparse calls them "python -m vitdense [options] fit", which reads as if the
+        # options went before the command
+        for name, subcommand_parser in getattr(self, "_subcommand_parsers", {}).items():
+            subcommand_parser.prog = f"{PROG} {name}"
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
@@ -318,6 +326,8 @@ def run_command(name: str, argv: list[str]) -> None:
 def main(args: list[str] | None = None) -> VitDenseCLI | None:
     """Run the CLI; `args` as on the command line (tests pass a list)."""
     argv = sys.argv[1:] if args is None else list(args)
+    if argv in HELP_ARGS:
+        print_top_level_help(argv)
     if argv and argv[0] in COMMANDS:
         return run_command(argv[0], argv[1:])
     try:
@@ -336,6 +346,7 @@ def main(args: list[str] | None = None) -> VitDenseCLI | None:
                 args=args,
                 save_config_kwargs={"overwrite": True},
                 parser_class=VitDenseParser,
+                parser_kwargs={"prog": PROG, "description": DESCRIPTION},
                 seed_everything_default=0,  # every recipe's seed; a run from a checkpoint alone gets it too
             )
     except USER_ERRORS as err:  # e.g. bad data at setup

@@ -13,6 +13,12 @@ batched answer is the answer alone. Every bad request gets its own 4xx with a me
 leaves the others of its batch alone: a wrong content type (415), a body over `--max_bytes`
 or an image over `--max_pixels` (413), malformed JSON, a missing field or bytes that are not
 an image (400).
+
+The server listens on 127.0.0.1 (this machine only) unless `--host 0.0.0.0` (or `::`) opens it
+to a network. With an API key in the environment variable LIT_SERVER_API_KEY (or the one
+`--api_key_env NAME` names), every request but GET /health must carry it in an `X-API-Key`
+header (401 without it). A refused upload's body is read to its end (up to `DRAIN_BYTES`)
+before the refusal, so that the client reads the 4xx rather than a reset connection.
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import hmac
 import json
+import logging
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +39,7 @@ import numpy as np
 from starlette.responses import JSONResponse
 
 from vitdense.data.images import ImageTooLarge, decode_image_bytes
-from vitdense.errors import DataError
+from vitdense.errors import ConfigError, DataError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -47,31 +56,115 @@ HOW_TO_SEND = (
 class Rejected(Exception):
     """A request refused before it reaches the model: `status` and the message to send."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers
+
+
+#: the header that carries the API key (LitServe's name for it)
+API_KEY_HEADER = "X-API-Key"
+#: the environment variable the key is read from unless `--api_key_env` names another (LitServe's)
+API_KEY_ENV = "LIT_SERVER_API_KEY"
+#: paths answered without the key: a load balancer's health probe carries none
+OPEN_PATHS = ("/health",)
+#: a refused request's body is read and thrown away up to this size before the refusal is sent.
+#: A server that answers and closes while the client is still sending leaves unread bytes in its
+#: socket, and the kernel then resets the connection, often before the client has read the
+#: answer; a client sees "connection reset" or "broken pipe" instead of the 413. A fixed cap,
+#: not a multiple of --max_bytes: whatever the limit, a client that sent one large photo by
+#: mistake (tens of MB) is told why; reading costs bandwidth, not memory, and past the cap the
+#: server stops reading and closes (the client may then see a reset).
+DRAIN_BYTES = 64 * 2**20
+
+
+class _Body:
+    """The request body as it arrives (ASGI `http.request` messages): how much came, and
+    whether all of it did."""
+
+    def __init__(self, receive: Callable[[], Awaitable[Message]]) -> None:
+        self.receive = receive
+        self.size = 0
+        self.complete = False
+        self.disconnected = False
+
+    async def chunk(self) -> bytes:
+        """The next piece of the body (b"" once it is complete).
+
+        Raises:
+            Rejected: the client disconnected before the body was complete.
+        """
+        if self.complete:
+            return b""
+        message = await self.receive()
+        if message["type"] == "http.disconnect":
+            self.disconnected = True
+            raise Rejected(400, "the client disconnected before the body was complete")
+        chunk = message.get("body", b"")
+        self.size += len(chunk)
+        self.complete = not message.get("more_body", False)
+        return chunk
+
+    async def drain(self, limit: int) -> None:
+        """Read and discard the rest of the body while no more than `limit` bytes came in all."""
+        try:
+            while not self.complete and self.size <= limit:
+                await self.chunk()
+        except Rejected:
+            pass
 
 
 class RequestGuard:
-    """ASGI middleware in front of `path`: refuses, with a 4xx and a message, a POST of a
-    content type other than `CONTENT_TYPES` (415), a body over `max_bytes` (413, counted as
-    it arrives, also without a Content-Length) and JSON that does not parse (400); passes the
-    rest on with its body replayed. LitServe would answer all three with a bare 500."""
+    """ASGI middleware in front of LitServe: the checks that need no model, each answered with
+    a 4xx and JSON {"detail": message}, before LitServe sees the request.
 
-    def __init__(self, app: ASGIApp, *, path: str = "/predict", max_bytes: int = 20_000_000) -> None:
+    - `api_key` (if given): every request but those of `open_paths` must carry it in the
+      X-API-Key header (401 without it or with another; compared in constant time);
+    - a POST to `path` must be of a content type of `CONTENT_TYPES` (415), a body of at most
+      `max_bytes` (413, counted as it arrives, also without a Content-Length) and, if JSON,
+      parse (400); it is passed on with its body replayed. LitServe would answer the last three
+      with a bare 500.
+
+    A refused request's body is read up to `drain_bytes` before the answer (see `DRAIN_BYTES`),
+    so that the client can read it; the connection is closed after an answer sent before the
+    whole body was read (a client that waits for "100 Continue" never sends it).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        path: str = "/predict",
+        max_bytes: int = 20_000_000,
+        api_key: str | None = None,
+        open_paths: tuple[str, ...] = OPEN_PATHS,
+        drain_bytes: int = DRAIN_BYTES,
+    ) -> None:
         self.app = app
         self.path = path
         self.max_bytes = max_bytes
+        # bytes, as the header arrives: no decoding to get wrong before the comparison
+        self.api_key = api_key.encode() if api_key else None
+        self.open_paths = open_paths
+        self.drain_bytes = drain_bytes
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        guarded = scope["path"] == self.path and scope["method"] == "POST"
+        incoming = _Body(receive)
         try:
-            body = await self._checked_body(headers, receive)
+            self._check_key(scope)
+            body = await self._checked_body(headers, incoming) if guarded else b""
         except Rejected as err:
-            await reply(send, err.status, str(err))
+            if self._worth_draining(headers) and not incoming.disconnected:
+                await incoming.drain(self.drain_bytes)
+            await reply(send, err.status, str(err), headers=err.headers, close=not incoming.complete)
+            return
+        if not guarded:
+            await self.app(scope, receive, send)
             return
         replayed = False
 
@@ -84,25 +177,39 @@ class RequestGuard:
 
         await self.app(scope, replay, send)
 
-    async def _checked_body(self, headers: dict[str, str], receive: Callable) -> bytes:
+    def _worth_draining(self, headers: dict[str, str]) -> bool:
+        """Whether reading a refused request's body lets its client read the answer: not when
+        the client waits for "100 Continue" before sending it (reading would invite it), nor
+        when it declares more than `drain_bytes` (the server stops there and closes anyway)."""
+        if headers.get("expect", "").lower() == "100-continue":
+            return False
+        declared = headers.get("content-length", "")
+        return not (declared.isdigit() and int(declared) > self.drain_bytes)
+
+    def _check_key(self, scope: Scope) -> None:
+        """Raises Rejected (401) unless the request carries the server's key (if it has one)."""
+        if self.api_key is None:
+            return
+        given = [v for k, v in scope["headers"] if k.lower() == API_KEY_HEADER.lower().encode()]
+        challenge = ((b"www-authenticate", b"APIKey"),)  # (a 401 must name a scheme: FastAPI's)
+        if not given:
+            raise Rejected(401, f"this server requires an API key: send it in the {API_KEY_HEADER} header", challenge)
+        # constant time: how long a wrong key takes must not tell how much of it was right
+        if not hmac.compare_digest(given[0], self.api_key):
+            raise Rejected(401, f"the {API_KEY_HEADER} header does not carry this server's API key", challenge)
+
+    async def _checked_body(self, headers: dict[str, str], incoming: _Body) -> bytes:
         content_type = headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type not in CONTENT_TYPES:
             raise Rejected(415, f"content type {content_type or '(none)'!r} is not accepted; {HOW_TO_SEND}")
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             raise Rejected(413, f"a body of {int(declared)} bytes is over the limit of {self.max_bytes} (--max_bytes)")
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise Rejected(400, "the client disconnected before the body was complete")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
+        chunks = []
+        while not incoming.complete:
+            chunks.append(await incoming.chunk())
+            if incoming.size > self.max_bytes:
                 raise Rejected(413, f"a body of more than {self.max_bytes} bytes is over the limit (--max_bytes)")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
         body = b"".join(chunks)
         if content_type == "application/json":
             try:
@@ -114,11 +221,16 @@ class RequestGuard:
         return body
 
 
-async def reply(send: Callable, status: int, message: str) -> None:
-    """A JSON error response {"detail": message} (FastAPI's shape)."""
+async def reply(
+    send: Callable, status: int, message: str, *, headers: tuple[tuple[bytes, bytes], ...] = (), close: bool = False
+) -> None:
+    """A JSON error response {"detail": message} (FastAPI's shape); `close`: ask the server to
+    close the connection after it (the request's body was not read to its end)."""
     body = json.dumps({"detail": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    fields = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers]
+    if close:
+        fields.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": fields})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -192,6 +304,12 @@ class PredictorAPI(ls.LitAPI):
         # (unannotated: LitServe then hands over the parsed JSON object or multipart form)
         return decode_request_image(request, self.max_pixels)
 
+    def authorize(self) -> None:
+        """LitServe's hook for its own authentication, here a no-op: `RequestGuard` checks the
+        API key before a request reaches LitServe. Without it, LitServe would check
+        LIT_SERVER_API_KEY again on every route, /health included, and with `!=` (not in
+        constant time), and ignore a key read from `--api_key_env`."""
+
     def batch(self, inputs: list) -> list:
         return inputs
 
@@ -211,14 +329,63 @@ class PredictorAPI(ls.LitAPI):
         return output.to_dict()
 
 
+#: what `--host` may be: LitServe binds to no other address
+HOSTS = ("127.0.0.1", "0.0.0.0", "::")
+
+_logger = logging.getLogger(__name__)
+
+
+def api_key_from_env(name: str | None, environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """The API key in the environment variable `name` (None: `API_KEY_ENV`, and no key if it is
+    unset or empty).
+
+    Raises:
+        ConfigError: `name` was given and the variable is unset or empty (asking for a key and
+            getting an open server would be the worst way to fail).
+    """
+    key = environ.get(name or API_KEY_ENV, "")
+    if name is not None and not key:
+        raise ConfigError(
+            f"--api_key_env {name}: the environment variable {name} is {'empty' if name in environ else 'not set'}; "
+            f"export {name}=<the key> before starting the server, or leave --api_key_env out for no key"
+        )
+    return key or None
+
+
+def describe_listening(host: str, port: int, key_env: str | None) -> str:
+    """The startup line: where the server listens and whether it wants a key (never the key)."""
+    where = "this machine only" if host == "127.0.0.1" else "every network interface"
+    if key_env is None:
+        access = "no API key required"
+    else:
+        access = (
+            f"every request but GET {', '.join(OPEN_PATHS)} must carry the API key (${key_env}) in {API_KEY_HEADER}"
+        )
+    return f"listening on http://{'[::]' if host == '::' else host}:{port} ({where}); {access}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m vitdense serve",
         description="Serve a checkpoint's predictor over HTTP (LitServe): POST /predict an image, GET /health.",
     )
     p.add_argument("--ckpt_path", required=True, help="a checkpoint written by `python -m vitdense fit`")
-    p.add_argument("--host", default="0.0.0.0", help="interface to listen on (127.0.0.1: this machine only)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        choices=HOSTS,  # LitServe's choice; it refuses any other
+        help="where to listen: 127.0.0.1, this machine only (the default); 0.0.0.0 (every IPv4 interface) "
+        f"or :: (every interface) to open it to a network, with an API key ({API_KEY_ENV})",
+    )
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api_key_env",
+        metavar="NAME",
+        default=None,
+        help=f"the environment variable holding the API key that every request but GET /health must carry in "
+        f"its {API_KEY_HEADER} header (401 without it); default {API_KEY_ENV}, unset or empty for no key. "
+        "The key itself is never given on the command line, where other users of the machine see it",
+    )
     p.add_argument("--accelerator", default="auto", choices=("auto", "cpu", "cuda", "mps"))
     p.add_argument("--devices", default="auto", help="how many devices to run workers on ('auto': all)")
     p.add_argument("--workers_per_device", type=int, default=1)
@@ -234,6 +401,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """`python -m vitdense serve ...`: load the checkpoint (failing early on a bad one), serve until stopped."""
     args = parser().parse_args(argv)
+    api_key = api_key_from_env(args.api_key_env)  # before the model: a missing key fails in a second
     from vitdense.checkpoint import Checkpoint
     from vitdense.predictor import inference_data
 
@@ -261,9 +429,27 @@ def main(argv: list[str] | None = None) -> None:
         workers_per_device=args.workers_per_device,
         timeout=args.timeout,
         model_metadata=metadata,
-        middlewares=[(RequestGuard, {"path": "/predict", "max_bytes": args.max_bytes})],
+        middlewares=[(RequestGuard, {"path": "/predict", "max_bytes": args.max_bytes, "api_key": api_key})],
     )
+    _log_to_stderr()
+    key_env = (args.api_key_env or API_KEY_ENV) if api_key else None
+    _logger.info(describe_listening(args.host, args.port, key_env))
+    if args.host != "127.0.0.1" and api_key is None:
+        _logger.warning(
+            f"no API key: anyone who reaches port {args.port} of this machine can use the model; "
+            f"export {API_KEY_ENV}=<a key> to require one"
+        )
     server.run(host=args.host, port=args.port, generate_client_file=False)
+
+
+def _log_to_stderr() -> None:
+    """This module's INFO lines on stderr (LitServe configures only its own logger)."""
+    if not _logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s - vitdense.serve - %(levelname)s - %(message)s"))
+        _logger.addHandler(handler)
+        _logger.propagate = False  # (one line, also when the root logger has a handler)
+    _logger.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

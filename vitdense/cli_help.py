@@ -1,0 +1,58 @@
+"""The help of `python -m vitdense` itself: its name, what vitdense is and every command. A
+module of its own, without Lightning's imports, so that `python -m vitdense --help` answers at
+once (`__main__` prints it before importing `vitdense.cli`, which takes seconds)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+#: how the command line names itself in its usage lines (not "__main__.py")
+PROG = "python -m vitdense"
+DESCRIPTION = (
+    "vitdense is a PyTorch Lightning plugin for Vision Transformer downstream tasks: one ViT backbone "
+    "(timm's names and weights) and task modules for image classification, linear probing, Segmenter-style "
+    "semantic segmentation and DETR-style detection, trained and evaluated from YAML recipes (configs/) "
+    "and used outside the trainer: a checkpoint predicts from Python (vitdense.load), exports to ONNX or "
+    ".pt2, or serves over HTTP."
+)
+#: every command of `python -m vitdense`, in one line each (LightningCLI's four and vitdense's own)
+COMMAND_HELP = {
+    "fit": "train a task from a recipe: --config configs/NAME.yaml",
+    "validate": "evaluate a checkpoint on the validation split",
+    "test": "evaluate a checkpoint on the test split",
+    "predict": "predict images with a checkpoint, written to files",
+    "export": "export a checkpoint's model to ONNX or torch.export's .pt2",
+    "serve": "serve a checkpoint's predictor over HTTP (LitServe)",
+}
+
+
+def top_level_help() -> str:
+    """The help of `python -m vitdense` itself (`--help`, `-h`, no arguments). Not LightningCLI's,
+    which calls itself "__main__.py" and "Lightning Trainer command line tool", lists only its
+    four subcommands and takes seconds to build."""
+    commands = "\n".join(f"  {name:<10}  {line}" for name, line in COMMAND_HELP.items())
+    return (
+        f"usage: {PROG} {{{','.join(COMMAND_HELP)}}} [options]\n\n"
+        f"{textwrap.fill(DESCRIPTION, 88)}\n\n"
+        f"commands:\n{commands}\n\n"
+        f"Each command's options: {PROG} COMMAND --help (e.g. {PROG} fit --help).\n\n"
+        "Separate modules, each with its own --help:\n"
+        "  python -m vitdense.viz    analyses and figures (the ViT paper's, the heads' attention)\n"
+        "  python -m vitdense.bench  benchmarks against the peers they measure (timm, torchvision, ...)\n"
+    )
+
+
+#: the command lines answered with `top_level_help`
+HELP_ARGS = ([], ["-h"], ["--help"])
+
+
+def print_top_level_help(argv: list[str]) -> None:
+    """Print the help and exit: on stdout with 0 when asked for (`-h`, `--help`), on stderr
+    with 2 and an error when no command was given (a usage error, with the help to choose one)."""
+    if argv:
+        print(top_level_help(), end="")
+        raise SystemExit(0)
+    print(top_level_help(), end="", file=sys.stderr)
+    print(f"{PROG}: error: no command given", file=sys.stderr)
+    raise SystemExit(2)
