@@ -274,3 +274,24 @@ def test_the_allow_list_is_ours_alone(tmp_path):
     torch.save(argparse.Namespace(a=1), path)
     with pytest.raises(pickle.UnpicklingError):  # outside our loads torch refuses as before
         torch.load(path, weights_only=True)
+
+
+def test_a_checkpoint_does_not_unpickle_the_weights_file_it_names(tmp_path, monkeypatch, capsys):
+    """A checkpoint that recorded `backbone.checkpoint` with `trust_checkpoint: true`, shipped
+    beside a hostile file at that path: restoring it (Python, predict, validate) never reads
+    the file, whose weights the checkpoint's replace anyway."""
+    monkeypatch.chdir(tmp_path)
+    weights = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=64, **TINY)
+    torch.save({"model": weights.state_dict(), "note": Note("mine")}, tmp_path / "start.pth")
+    args = ["fit", "--config", DEMO, *SMALL, "--data.init_args.loader.batch_size=4", "--trainer.logger=false"]
+    args += ["--model.init_args.backbone.checkpoint=start.pth", "--model.init_args.backbone.trust_checkpoint=true"]
+    cli([*args, "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    marker = tmp_path / "marker"
+    torch.save({"model": weights.state_dict(), "extra": MakesMarker(marker)}, tmp_path / "start.pth")
+    expected = load_model(ckpt).backbone.pos_embed
+    assert torch.equal(load_task(ckpt).backbone.pos_embed, expected)
+    vitdense.load(ckpt)(np.zeros((20, 30, 3), np.uint8))
+    for command in ("validate", "predict"):
+        cli([command, f"--ckpt_path={ckpt}", "--trainer.logger=false", "--trainer.enable_progress_bar=false"])
+    assert not marker.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,7 @@ class ResultWriter(BasePredictionWriter):
         indexes = prediction.index.tolist()
         context = ResultContext(
             class_names=pl_module.class_names,
-            labels=LabelInfo.of(trainer.datamodule),
+            labels=labels_of(trainer.datamodule, dataset),
             sizes=original_sizes(batch),
             sources=[str(p) if (p := sample_path(dataset, i)) is not None else None for i in indexes],
             indexes=indexes,
@@ -269,6 +270,14 @@ def original_sizes(batch: Any) -> list[tuple[int, int]]:
     if sizes is not None:
         return [tuple(s) for s in sizes.sizes]
     return [tuple(batch.image.shape[-2:])] * len(batch.image)
+
+
+def labels_of(datamodule: Any, dataset: Any) -> LabelInfo:
+    """The DataModule's label facts, with the dataset's own category ids where it has them
+    (a COCO split's JSON: what its results must name)."""
+    labels = LabelInfo.of(datamodule)
+    ids = getattr(dataset, "category_ids", None)
+    return replace(labels, category_ids=tuple(int(i) for i in ids)) if ids else labels
 
 
 def dataset_image_id(dataset: Any, index: int) -> int:

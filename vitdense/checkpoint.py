@@ -21,7 +21,7 @@ import pickle
 import random
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -311,6 +311,16 @@ class Checkpoint:
             config["data"] = {"class_path": self.data_class, "init_args": self.data}
         return json.dumps(config, default=list)
 
+    def restore(self, map_location: str | torch.device = "cpu") -> L.LightningModule:
+        """The task, its weights from this checkpoint. The backbone's starting weights file
+        (`backbone.checkpoint`, recorded in the hyperparameters) is not read: the checkpoint's
+        weights replace it, and a file beside a shipped checkpoint must not be unpickled
+        because the checkpoint names it (nor be needed once it has moved)."""
+        overrides = {"backbone": without_weights_file(self.task["backbone"])} if "backbone" in self.task else {}
+        return self.task_type().load_from_checkpoint(
+            self.path, map_location=map_location, weights_only=True, **overrides
+        )
+
     def task_type(self) -> type[L.LightningModule]:
         """The task class the checkpoint was trained with (imported by its recorded path)."""
         try:
@@ -322,12 +332,21 @@ class Checkpoint:
             ) from err
 
 
+def without_weights_file(backbone: Any) -> Any:
+    """A recorded backbone setting (`BackboneConfig`, or its plain-data form) without its
+    starting weights file: for a task whose weights come from a checkpoint."""
+    if isinstance(backbone, dict):
+        return {**backbone, "checkpoint": None, "trust_checkpoint": False}
+    if is_dataclass(backbone) and getattr(backbone, "checkpoint", None) is not None:
+        return replace(backbone, checkpoint=None, trust_checkpoint=False)
+    return backbone
+
+
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
     """The task a vitdense training checkpoint holds (`python -m vitdense fit`, or a task
     trained from Python with `Trainer.fit`: `record_class_paths`), its weights loaded, in
     evaluation mode."""
-    found = Checkpoint(path)
-    return found.task_type().load_from_checkpoint(found.path, map_location=map_location, weights_only=True).eval()
+    return Checkpoint(path).restore(map_location).eval()
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:

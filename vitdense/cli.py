@@ -219,6 +219,19 @@ class VitDenseCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         self._link_ignore_index()
+        self._no_weights_file_under_a_checkpoint()
+
+    def _no_weights_file_under_a_checkpoint(self) -> None:
+        """With a `ckpt_path` file, the checkpoint's weights replace the backbone's starting
+        weights: its `backbone.checkpoint` (from the config or the checkpoint's recorded
+        hyperparameters) is not read (not unpickled because a shipped checkpoint names it, and
+        not needed once it has moved)."""
+        config = self.config[self.config.subcommand] if self.config.get("subcommand") else self.config
+        if not _is_file_path(config.get("ckpt_path")):
+            return
+        backbone = (config.get("model") or {}).get("init_args", {}).get("backbone")
+        if backbone is not None and backbone.get("checkpoint") is not None:
+            backbone["checkpoint"], backbone["trust_checkpoint"] = None, False
 
     def _link_ignore_index(self) -> None:
         """The data's `ignore_index` into a task that takes one (segmentation). Not a parser

@@ -179,7 +179,7 @@ class Predictor:
         """The predictor of a vitdense training checkpoint (`python -m vitdense fit`, or a
         task fitted from Python): its task, weights, preprocessing and class names."""
         found = Checkpoint(path)
-        task = found.task_type().load_from_checkpoint(found.path, map_location="cpu", weights_only=True)
+        task = found.restore("cpu")
         data = inference_data(found)
         return cls(task, data, device=device, batch_size=batch_size or eval_batch_size(found), precision=precision)
 

@@ -58,6 +58,11 @@ class CocoDetection(Dataset):
         """Each sample's `image_id` in the JSON (what COCO results name)."""
         return self.index.image_ids
 
+    @property
+    def category_ids(self) -> list[int]:
+        """The JSON's category id of each class, in label order."""
+        return self.index.category_ids
+
     def __getitem__(self, i: int) -> DetectedImages:
         entry = self.index.images[i]
         path = self.index.image_dir / entry.file_name

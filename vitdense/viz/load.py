@@ -105,7 +105,7 @@ def split_checkpoint(checkpoint: str, model: str | None) -> tuple[str | None, st
 
 
 def _from_task(found: Checkpoint, img_size: int | None) -> Model:
-    task = found.task_type().load_from_checkpoint(found.path, map_location="cpu", weights_only=True).eval()
+    task = found.restore("cpu").eval()
     cfg = task.backbone.pretrained_cfg
     mean = found.data.get("mean") or cfg.get("mean", IMAGENET_DEFAULT_MEAN)
     std = found.data.get("std") or cfg.get("std", IMAGENET_DEFAULT_STD)
