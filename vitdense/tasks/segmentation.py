@@ -38,7 +38,10 @@ class SegmentationTask(BaseTask):
     """Semantic segmentation with a Segmenter decoder.
 
     Logs `{stage}/loss`, and per epoch `{stage}/mIoU`, `{stage}/mAcc`, `{stage}/aAcc`
-    (dataset-level, see `SegmentationMetrics`) with a per-class IoU table in the log.
+    (dataset-level, see `SegmentationMetrics`) with a per-class IoU table in the log. The
+    evaluation loss is the dataset's too: the cross-entropy summed over every labelled pixel
+    of the split over their number (class-weighted), the same for any batch size and number
+    of processes.
 
     Args:
         num_classes: K (linked from the DataModule).
