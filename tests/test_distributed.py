@@ -25,11 +25,11 @@ from vitdense.data import (
     SyntheticDetectionDataModule,
     SyntheticSegmentationDataModule,
 )
-from vitdense.heads import LinearDecoder
+from vitdense.heads import DETRHead, LinearDecoder
 from vitdense.losses import SetCriterion
 from vitdense.metrics import LossMeans
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, LinearProbeTask, SegmentationTask
-from vitdense.types import BoxTargets, DetectionOutput, Losses
+from vitdense.types import BoxTargets, DetectionOutput, Losses, LossSum
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2})
 
@@ -74,9 +74,10 @@ class GridBoxHead(torch.nn.Module):
 
 def evaluations(root: Path) -> dict[str, tuple[L.LightningModule, L.LightningDataModule]]:
     """Every task on validation sets that 2 processes split into different numbers of batches
-    (rank 0 one more): 13 images at batch 3 (7 + 6 images, 3 + 2 batches), 5 at batch 1
-    (3 + 2 batches; images of different sizes, whose pixel-averaged losses are the same
-    per-image figures on any number of processes only when each batch holds one image).
+    (rank 0 one more): 13 images at batch 3 (7 + 6 images, 3 + 2 batches); 9 images of
+    different sizes at batch 4 (5 + 4 images, 2 + 1 batches; one process: 4, 4, 1) and at
+    batch 8 (one batch each; one process: 8, 1), whose pixel- and box-normalised losses
+    differ per batch composition unless summed over the split and divided once (issue 29).
     Heads with random weights, so that a lost or repeated image, or a mean of per-process
     means, would show."""
     cls_data = SyntheticClassificationDataModule(img_size=32, val_size=13, loader=LoaderConfig(eval_batch_size=3))
@@ -84,21 +85,22 @@ def evaluations(root: Path) -> dict[str, tuple[L.LightningModule, L.LightningDat
     probe = LinearProbeTask(num_classes=4, backbone=TINY, lrs=[0.1, 0.01])  # two heads: terms loss_lr0, loss_lr1
     for head in probe.head:
         torch.nn.init.normal_(head.fc.weight, std=0.5)
-    torch.manual_seed(0)
-    seg = SegmentationTask(num_classes=4, head=LinearDecoder, backbone=TINY, window=32)
-    torch.manual_seed(0)
-    det = DetectionTask(num_classes=3, head=GridBoxHead, backbone=TINY)  # SetCriterion: loss_ce, loss_bbox, loss_giou
-    return {
+    out: dict[str, tuple[L.LightningModule, L.LightningDataModule]] = {
         "cls": (classifier(), cls_data),
         "probe": (probe, cls_data),
-        "seg": (seg, SyntheticSegmentationDataModule(img_size=32, val_size=5, loader=LoaderConfig(eval_batch_size=1))),
-        "det": (
-            det,
-            SyntheticDetectionDataModule(
-                root=str(root), img_size=32, train_size=2, val_size=5, loader=LoaderConfig(eval_batch_size=1)
-            ),
-        ),
     }
+    for batch in (4, 8):
+        loader = LoaderConfig(eval_batch_size=batch, num_workers=0)
+        torch.manual_seed(0)
+        seg = SegmentationTask(num_classes=4, head=LinearDecoder, backbone=TINY, window=32)
+        out[f"seg{batch}"] = seg, SyntheticSegmentationDataModule(img_size=32, val_size=9, loader=loader)
+        torch.manual_seed(0)
+        det = DetectionTask(
+            num_classes=3, head=GridBoxHead, backbone=TINY
+        )  # SetCriterion: loss_ce, loss_bbox, loss_giou
+        det_data = SyntheticDetectionDataModule(root=str(root), img_size=32, train_size=2, val_size=9, loader=loader)
+        out[f"det{batch}"] = det, det_data
+    return out
 
 
 def validate_every_task(devices: int, root: Path) -> dict[str, float]:
@@ -220,25 +222,53 @@ def test_every_task_evaluates_uneven_shards_as_one_process(two_processes, tmp_pa
     assert {k for k in losses if k.startswith(("probe", "det"))} >= {
         "probe:val/loss_lr0",
         "probe:val/loss_lr1",
-        "det:val/loss_ce",
-        "det:val/loss_bbox",
-        "det:val/loss_giou",
+        "det4:val/loss_ce",
+        "det4:val/loss_bbox",
+        "det4:val/loss_giou",
     }
     for key in losses:
-        # dataset-level means of the same per-image losses, summed in another order; Lightning's own
-        # epoch mean was 13/12 of it for classification (the 2 processes' image counts averaged as
-        # integers: 6.5 -> 6), a deadlock for detection
+        # dataset-level sums over counts of the same per-image losses, summed in another order;
+        # Lightning's own epoch mean was 13/12 of it for classification (the 2 processes' image
+        # counts averaged as integers: 6.5 -> 6), a deadlock for detection; per-batch means
+        # weighted by images differed by 1.0e-3 (seg4), 1.3e-4 (seg8), 2.6e-2 (det4), 3.5e-3 (det8)
         assert multi[key] == pytest.approx(single[key], rel=1e-6, abs=1e-6), key
     for key in single.keys() - set(losses):  # metrics: every image counted once, as on one process
         assert multi[key] == single[key], key
     assert 0 < single["cls:val/acc1"] < 1  # figures a lost or repeated image would change
-    assert single["det:val/map_50"] > 0  # grid boxes hit some objects
+    assert single["det4:val/map_50"] > 0  # grid boxes hit some objects
     # and the figure itself is the dataset's mean cross-entropy (batches of 3, 3, 3, 3 and 1 images)
     task, data = evaluations(tmp_path / "det")["cls"]
     data.setup("validate")
     with torch.no_grad():
         ce = [F.cross_entropy(task.eval()(b.image), b.label, reduction="none") for b in data.val_dataloader()]
     assert single["cls:val/loss"] == pytest.approx(torch.cat(ce).mean().item(), rel=1e-6)
+
+
+def test_evaluation_losses_do_not_depend_on_the_batch_size(tmp_path):
+    """One process, 5 images of different sizes in batches of 1, 3 and 16: the same `val/loss`
+    and terms, each the split's sum over its count (labelled pixels, weighted by class here;
+    target boxes, DETR's auxiliary layers included), not a mean of per-batch means."""
+    torch.manual_seed(0)
+    seg = SegmentationTask(
+        num_classes=4, head=LinearDecoder, backbone=TINY, window=32, class_weights=[0.5, 1.0, 2.0, 1.5]
+    )
+    torch.manual_seed(0)
+    detr = partial(DETRHead, hidden_dim=32, num_queries=10, num_heads=2, dim_feedforward=64, dec_layers=2, dropout=0)
+    det = DetectionTask(num_classes=3, head=detr, backbone=TINY)
+    tasks = {"cls": (classifier(), SyntheticClassificationDataModule)}
+    tasks["seg"] = seg, SyntheticSegmentationDataModule
+    tasks["det"] = det, partial(SyntheticDetectionDataModule, root=str(tmp_path), train_size=2)
+    logged: dict[int, dict[str, float]] = {}
+    for batch in (1, 3, 16):
+        loader = LoaderConfig(eval_batch_size=batch, num_workers=0)
+        for name, (task, data) in tasks.items():
+            result = trainer(1).validate(task, datamodule=data(img_size=32, val_size=5, loader=loader), verbose=False)
+            logged.setdefault(batch, {}).update({f"{name}:{k}": v for k, v in result[0].items() if "/loss" in k})
+    assert {"det:val/loss_ce_0", "det:val/loss_giou_0", "seg:val/loss", "cls:val/loss"} <= logged[1].keys()
+    for batch in (3, 16):
+        # per-batch means weighted by images differed by 1.5e-3 and 2.2e-3 (seg, batches 3 and 16),
+        # 1.2 and 1.4 (det's total), 2e-6 (cls: float rounding, per-image means already)
+        assert logged[batch] == pytest.approx(logged[1], rel=1e-5), batch
 
 
 def test_criterion_synchronises_the_box_count_in_training_only(monkeypatch):
@@ -266,6 +296,34 @@ def test_loss_means_weight_each_batch_by_its_images():
     assert val["val/loss_a"].isnan()  # a NaN loss shows, it is not dropped
     assert means.pop("val") == {}  # the next epoch starts afresh
     assert means.pop("test") == {"test/loss": 5.0}
+
+
+def test_loss_means_divide_summed_losses_once():
+    means = LossMeans()
+    # DETR-like: every term a sum over its own count, the total their sum; a batch without boxes adds
+    # its class sum and no count (not the criterion's count clamped at 1)
+    batch = {"loss_ce": LossSum(torch.tensor(6.0), 3.0), "loss_bbox": LossSum(torch.tensor(4.0), torch.tensor(2.0))}
+    means.update(
+        "val", Losses(torch.tensor(4.0), {"loss_ce": torch.tensor(2.0), "loss_bbox": torch.tensor(2.0)}, batch), 2
+    )
+    empty = {"loss_ce": LossSum(torch.tensor(3.0), 1.0), "loss_bbox": LossSum(torch.tensor(0.0), 0.0)}
+    means.update(
+        "val", Losses(torch.tensor(3.0), {"loss_ce": torch.tensor(3.0), "loss_bbox": torch.tensor(0.0)}, empty), 1
+    )
+    assert means.pop("val") == {"val/loss": 2.25 + 2.0, "val/loss_ce": 9 / 4, "val/loss_bbox": 4 / 2}
+    # segmentation-like: the total's own sum; a split with nothing to count gives 0, as DETR's clamped count
+    means.update("test", Losses(torch.tensor(0.0), sums={"loss": LossSum(torch.tensor(0.0), 0.0)}), 1)
+    assert means.pop("test") == {"test/loss": 0.0}
+    with pytest.raises(ValueError, match=r"no LossSum for \['loss_b'\]"):
+        means.update(
+            "val",
+            Losses(
+                torch.tensor(1.0),
+                {"loss_a": torch.tensor(1.0), "loss_b": torch.tensor(0.0)},
+                {"loss_a": LossSum(1.0, 1.0)},
+            ),
+            1,
+        )
 
 
 def test_one_ddp_step_equals_one_step_on_the_global_batch(two_processes):

@@ -156,13 +156,32 @@ class SegmentedImages(NamedTuple):
         return cls.of(image, torch.full(tuple(size), ignore_index, dtype=torch.int64), index)
 
 
+class LossSum(NamedTuple):
+    """A batch's share of a loss that is normalised by something other than its images:
+    the loss summed over the batch (numerator) and what that sum is divided by
+    (denominator: labelled pixels, target boxes, the class weights of the queries), both
+    on this process and batch, scalars (tensors or floats)."""
+
+    numerator: torch.Tensor | float
+    denominator: torch.Tensor | float
+
+
 class Losses(NamedTuple):
     """What `BaseTask.compute_loss` returns: the total that is optimised and its named
     terms (already weighted, e.g. `loss_ce`, `loss_bbox`, `loss_giou`, `loss_ce_0`), each a
-    scalar tensor. The base logs the total as `{stage}/loss` and each term as `{stage}/{name}`."""
+    scalar tensor. The base logs the total as `{stage}/loss` and each term as `{stage}/{name}`.
+
+    `sums` makes the evaluation losses the dataset's (`vitdense.metrics.LossMeans`): per
+    name ("loss" for the total, or a term's), the batch's `LossSum`; the figure logged is
+    then the split's summed numerators over its summed denominators, whatever the batches
+    and processes. A loss without one is a mean over the batch's images. When `sums` has
+    every term but not "loss", the total is the sum of the terms (DETR's), and so is its
+    dataset figure.
+    """
 
     total: torch.Tensor
     terms: dict[str, torch.Tensor] = {}
+    sums: dict[str, LossSum] = {}
 
 
 class ClassificationOutput(NamedTuple):

@@ -5,7 +5,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from vitdense.errors import NonFiniteError
-from vitdense.losses import HungarianMatcher, SetCriterion
+from vitdense.losses import HungarianMatcher, IoUAwareBCELoss, SetCriterion, SigmoidFocalLoss, SoftmaxCrossEntropy
+from vitdense.metrics import LossMeans
 from vitdense.types import BoxTargets, DetectionOutput
 
 # Inputs (3 images, 5 queries, 3 classes + "no object") and the values DETR's own
@@ -93,6 +94,38 @@ def test_no_targets_anywhere():
     # every query is "no object": the cross-entropy is the mean -log p(no object)
     expected = -torch.log_softmax(out.logits, -1)[..., -1].mean()
     assert losses.terms["loss_ce"].item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("class_loss", [SoftmaxCrossEntropy, SigmoidFocalLoss, IoUAwareBCELoss])
+def test_evaluation_loss_is_the_datasets_whatever_the_batches(class_loss):
+    """Evaluation's `{stage}/loss_*` is each term's sum over the images of the split divided by
+    the split's own count (target boxes; the class weights of every query for DETR's
+    cross-entropy), whatever batches the images come in: one batch gives DETR's per-batch
+    figures, and so does any split of it into batches, an image without boxes on its own
+    included. (Per-batch means weighted by images made the total differ by 0.2 to 10 here.)"""
+    out = output()
+    if class_loss().sigmoid:  # the first 3 logits as K = 3 sigmoid ones
+        out = out._replace(logits=out.logits[..., :3], aux=((out.aux[0][0][..., :3], out.aux[0][1]),), sigmoid=True)
+    out = out._replace(enc=out.aux[0])  # two-stage proposals: `_enc` terms too
+    criterion = SetCriterion(3, class_loss=class_loss()).eval()
+
+    def dataset_losses(sizes: list[int]) -> dict[str, float]:
+        means, start = LossMeans(), 0
+        for n in sizes:
+            part = slice(start, start + n)
+            logits, boxes = out.logits[part], out.boxes[part]
+            layers = (out.aux[0][0][part], out.aux[0][1][part])
+            batch = out._replace(logits=logits, boxes=boxes, aux=(layers,), enc=layers)
+            means.update("val", criterion(batch, TARGETS[part]), weight=n)
+            start += n
+        return {k: v.item() for k, v in means.pop("val").items()}
+
+    whole = criterion(out, TARGETS)
+    expected = {"val/loss": whole.total.item(), **{f"val/{k}": v.item() for k, v in whole.terms.items()}}
+    assert len(expected) == 1 + 9  # the last layer's, an earlier layer's and the proposals' terms
+    assert dataset_losses([3]) == pytest.approx(expected, rel=1e-6)
+    for sizes in ([1, 1, 1], [2, 1], [1, 2]):
+        assert dataset_losses(sizes) == pytest.approx(expected, rel=1e-6), sizes
 
 
 def test_criterion_gradients_reach_every_layer():

@@ -53,6 +53,14 @@ class ClassLoss(nn.Module):
         """
         raise NotImplementedError
 
+    def normalizer(
+        self, logits: torch.Tensor, matched: tuple[torch.Tensor, torch.Tensor], num_boxes: float
+    ) -> torch.Tensor | float:
+        """What `forward` divides its sum over the batch by, given the same arguments:
+        `num_boxes` (the default), or what the loss itself averages over. `SetCriterion`
+        asks it in evaluation to sum the term over a whole split (`LossSum`)."""
+        return num_boxes
+
 
 class SoftmaxCrossEntropy(ClassLoss):
     """DETR's: cross-entropy over K + 1 classes, the weighted mean over all queries with
@@ -74,6 +82,11 @@ class SoftmaxCrossEntropy(ClassLoss):
         weight = torch.ones(num_classes + 1, device=logits.device)
         weight[-1] = self.eos_coef
         return F.cross_entropy(logits.transpose(1, 2), classes, weight)
+
+    def normalizer(self, logits, matched, num_boxes):  # noqa: D102 (see ClassLoss)
+        # the weighted mean's denominator: 1 per matched query, eos_coef per other query
+        unmatched = logits.shape[0] * logits.shape[1] - len(matched[0])
+        return float(len(matched[0]) + self.eos_coef * unmatched)
 
 
 def focal_cost(logits: torch.Tensor, labels: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:

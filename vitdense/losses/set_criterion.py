@@ -7,6 +7,8 @@ query's box is regressed with an L1 and a GIoU loss, both summed over the matche
 divided by the number of target boxes in the batch (in training averaged over processes, as
 DETR's; at least 1). With auxiliary losses on, every earlier decoder layer is matched and
 supervised the same way, and so are a two-stage head's encoder proposals (`_enc`).
+Evaluation's figure of each term is the split's: its sum over the split's images divided by
+the split's count (`Losses.sums`), equal to DETR's value when the split is one batch.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torchvision.ops import box_convert, box_iou, generalized_box_iou_loss
 
 from vitdense.losses.class_losses import ClassLoss, SoftmaxCrossEntropy
 from vitdense.losses.matcher import HungarianMatcher, Matches
-from vitdense.types import BoxTargets, DetectionOutput, Losses
+from vitdense.types import BoxTargets, DetectionOutput, Losses, LossSum
 
 
 def num_target_boxes(targets: Sequence[BoxTargets], device: torch.device, synchronize: bool = True) -> float:
@@ -52,6 +54,12 @@ class SetCriterion(nn.Module):
     collective would wait forever for the process that has finished. The evaluation loss of
     a batch then depends on that batch only, as on one process. A criterion left in
     evaluation mode in training merely normalises by local counts; it cannot hang.
+
+    In evaluation mode it also gives each term as a `LossSum` (`Losses.sums`): the term
+    times what it was divided by, and the count it is a mean over (the batch's target boxes,
+    not clamped; for DETR's cross-entropy the class weights of all its queries, the class
+    loss's `normalizer`), so that `vitdense.metrics.LossMeans` divides the split's sum by
+    the split's count: the same figure for any batch size and number of processes.
 
     Args:
         num_classes: object classes K, without "no object".
@@ -96,8 +104,7 @@ class SetCriterion(nn.Module):
         """Unweighted `loss_ce`, `loss_bbox`, `loss_giou` of one decoder layer's predictions
         (logits [B, Q, K + 1] or [B, Q, K], boxes [B, Q, 4]) under the given matching."""
         device = logits.device
-        batch_idx = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)
-        query_idx = torch.cat([q for q, _ in matches]).to(device)
+        batch_idx, query_idx = self.matched_queries(matches, device)
         matched_labels = torch.cat(
             [t.labels[j.to(t.labels.device)] for t, (_, j) in zip(targets, matches, strict=True)]
         )
@@ -137,30 +144,61 @@ class SetCriterion(nn.Module):
         (`loss_ce_enc`, ...) and of the denoising queries with their known targets
         (`loss_ce_dn`, ... and `loss_ce_dn_0`, ...), and their sum as the total. Computed
         in fp32 whatever the autocast setting; the box count is synchronised across processes
-        in training mode only (see the class docstring)."""
+        in training mode only, and the terms' sums are given in evaluation mode only (see the
+        class docstring)."""
         self.check_logits(output)
         with torch.autocast(output.logits.device.type, enabled=False):
             num_boxes = num_target_boxes(targets, output.logits.device, synchronize=self.training)
-            # Group DETR: each group holds every target once, so there are num_groups times as many matches
-            num_boxes = num_boxes * output.num_groups
+            # in evaluation, also each term's sum over the batch and the count it is a mean over, for
+            # the split's loss: this batch's own boxes, not clamped (an image without boxes adds none)
+            count = None if self.training else float(sum(len(t.labels) for t in targets))
+            terms: dict[str, torch.Tensor] = {}
+            sums: dict[str, LossSum] = {}
+
+            def supervise(logits: torch.Tensor, boxes: torch.Tensor, matches: Matches, groups: int, suffix: str):
+                # Group DETR and denoising groups: each group holds every target once, so `groups` times the boxes
+                values = self.layer_losses(logits, boxes, targets, matches, num_boxes * groups)
+                for name, value in values.items():
+                    terms[name + suffix] = self.weights[name] * value
+                if count is not None:
+                    for name, (divisor, denominator) in self.normalizers(
+                        logits, matches, num_boxes * groups, count * groups
+                    ).items():
+                        sums[name + suffix] = LossSum(terms[name + suffix] * divisor, denominator)
+
             layers = [(output.logits, output.boxes, "")]
             if self.aux_loss:
                 layers += [(logits, boxes, f"_{i}") for i, (logits, boxes) in enumerate(output.aux)]
             if output.enc is not None:
                 layers.append((*output.enc, "_enc"))
-            terms: dict[str, torch.Tensor] = {}
             for logits, boxes, suffix in layers:
                 matches = self.matcher(logits, boxes, targets, output.num_groups, self.class_loss)
-                for name, value in self.layer_losses(logits, boxes, targets, matches, num_boxes).items():
-                    terms[name + suffix] = self.weights[name] * value
+                supervise(logits, boxes, matches, output.num_groups, suffix)
             if output.dn is not None:  # denoising queries: their targets are known, no matching
-                dn_boxes = num_boxes / output.num_groups * output.dn.num_groups
                 *earlier, last = output.dn.layers
                 dn_layers = [(*last, "_dn")]
                 if self.aux_loss:
                     dn_layers += [(*layer, f"_dn_{i}") for i, layer in enumerate(earlier)]
                 for logits, boxes, suffix in dn_layers:
-                    for name, value in self.layer_losses(logits, boxes, targets, output.dn.matches, dn_boxes).items():
-                        terms[name + suffix] = self.weights[name] * value
+                    supervise(logits, boxes, output.dn.matches, output.dn.num_groups, suffix)
             total = torch.stack(list(terms.values())).sum()
-        return Losses(total, terms)
+        return Losses(total, terms, sums)
+
+    def normalizers(
+        self, logits: torch.Tensor, matches: Matches, num_boxes: float, count: float
+    ) -> dict[str, tuple[torch.Tensor | float, torch.Tensor | float]]:
+        """Per term of a layer, (what `layer_losses` divided its sum by, with `num_boxes`;
+        the same for the batch's own box `count`, unclamped), so that term * divisor is the
+        batch's sum and the split's sums over the split's denominators are its loss."""
+        matched = self.matched_queries(matches, logits.device)
+        class_terms = (
+            self.class_loss.normalizer(logits, matched, num_boxes),
+            self.class_loss.normalizer(logits, matched, count),
+        )
+        return {"loss_ce": class_terms, "loss_bbox": (num_boxes, count), "loss_giou": (num_boxes, count)}
+
+    @staticmethod
+    def matched_queries(matches: Matches, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(batch index, query index) [m] of the matched queries, image by image."""
+        batch_idx = torch.cat([torch.full_like(q, i) for i, (q, _) in enumerate(matches)]).to(device)
+        return batch_idx, torch.cat([q for q, _ in matches]).to(device)

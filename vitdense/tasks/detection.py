@@ -64,7 +64,9 @@ class DetectionTask(BaseTask):
 
     Logs `{stage}/loss` and every weighted loss term (`loss_ce`, `loss_bbox`, `loss_giou`,
     `loss_ce_0`, ... of the earlier decoder layers, `loss_ce_enc`, ... of two-stage
-    proposals), and per evaluation epoch COCO's
+    proposals; in evaluation each is the split's: the term summed over its images over the
+    split's target boxes, DETR's class cross-entropy over its queries' class weights, see
+    `SetCriterion`), and per evaluation epoch COCO's
     `{stage}/map`, `map_50`, `map_75`, `map_small/medium/large`, `mar_1/10/100`, with a
     per-class AP table in the log.
 

@@ -27,7 +27,7 @@ from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.results import SegmentationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_segmented
-from vitdense.types import Losses, SegmentationOutput, SegmentationPrediction, SegmentedImages, Size
+from vitdense.types import Losses, LossSum, SegmentationOutput, SegmentationPrediction, SegmentedImages, Size
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path
 DEFAULT_SEGMENTATION_HEAD = partial(MaskTransformerDecoder, depth=2, drop_rate=0.1, drop_path_rate=0.0)
@@ -37,7 +37,10 @@ class SegmentationTask(BaseTask):
     """Semantic segmentation with a Segmenter decoder.
 
     Logs `{stage}/loss`, and per epoch `{stage}/mIoU`, `{stage}/mAcc`, `{stage}/aAcc`
-    (dataset-level, see `SegmentationMetrics`) with a per-class IoU table in the log.
+    (dataset-level, see `SegmentationMetrics`) with a per-class IoU table in the log. The
+    evaluation loss is the dataset's too: the cross-entropy summed over every labelled pixel
+    of the split over their number (class-weighted), the same for any batch size and number
+    of processes.
 
     Args:
         num_classes: K (linked from the DataModule).
@@ -137,7 +140,9 @@ class SegmentationTask(BaseTask):
     # ------------------------------------------------------------------ loss and metrics
     def compute_loss(self, output: SegmentationOutput, batch: SegmentedImages, stage: Stage) -> Losses:
         """Pixel-averaged cross-entropy over the batch, ignoring `ignore_index` (with class
-        weights: weighted sum over weighted pixel count, as torch's weighted mean)."""
+        weights: weighted sum over weighted pixel count, as torch's weighted mean). Its sum
+        and pixel count too (`Losses.sums`), so that evaluation's figure is the split's
+        summed cross-entropy over its labelled pixels, whatever the batches."""
         total = torch.zeros((), device=self.device)
         weight_sum = torch.zeros((), device=self.device)
         for logits, target in zip(output.logits, output.targets, strict=True):
@@ -146,7 +151,7 @@ class SegmentationTask(BaseTask):
             weight_sum = weight_sum + (
                 self.class_weights[labelled].sum() if self.class_weights is not None else labelled.numel()
             )
-        return Losses(total / weight_sum.clamp(min=1))
+        return Losses(total / weight_sum.clamp(min=1), sums={"loss": LossSum(total, weight_sum)})
 
     def update_metrics(
         self, metrics: MetricCollection, output: SegmentationOutput, batch: SegmentedImages, stage: Stage
