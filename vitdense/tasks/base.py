@@ -9,7 +9,7 @@ told the stage ("train",
 "val", "test", "predict") rather than reading it off the trainer:
 
     forward_batch(batch, stage)                  -> task output (a NamedTuple)
-    compute_loss(output, batch, stage)           -> Losses(total, terms)
+    compute_loss(output, batch, stage)           -> Losses(total, terms[, sums for evaluation])
     update_metrics(metrics, output, batch, stage)
     summarize(result, stage)                     -> {name: scalar} logged once per epoch
     format_table(result, stage)                  -> optional text table for the log
