@@ -1,11 +1,12 @@
 """Callbacks every task uses: writers of what tasks predict, the count of skipped samples,
-and an EMA of the weights with a warmup.
+the random states for exact resume (`ResumeRNG`) and an EMA of the weights with a warmup.
 
 They sit below the tasks (which hand them out) and import no task."""
 
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -13,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter, EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from vitdense.checkpoint import ResumeRNG
 from vitdense.preprocess import LabelInfo
 from vitdense.results import ClassificationResult, ResultContext, WriteOptions
 
@@ -73,6 +74,51 @@ class WarmupEMAWeightAveraging(EMAWeightAveraging):
         )
         # WeightAveraging hands its kwargs to torch's AveragedModel when training starts
         self._kwargs["avg_fn"] = partial(ema_warmup_update, decay=decay, tau=warmup_tau)
+
+
+def rng_states() -> dict[str, Any]:
+    """The global random states (torch, CUDA, numpy, Python) as tensors and plain values, so
+    that checkpoints holding them still load with `torch.load(weights_only=True)`."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what `rng_states` returned."""
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+class ResumeRNG(L.Callback):
+    """Exact resume of the global random streams (dropout, drop path, Mixup's numpy draws):
+    each checkpoint holds them as the next step would find them (`checkpoint["rng_states"]`),
+    and a fit restored from one sets them right before its first step, not at load time
+    (sanity checks and loader start-up in between would otherwise draw from them).
+    Every vitdense task adds it to `fit` (`BaseTask.configure_callbacks`)."""
+
+    def __init__(self) -> None:
+        self._to_restore: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._to_restore = checkpoint.get("rng_states")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
+        if self._to_restore is not None:
+            set_rng_states(self._to_restore)
+            self._to_restore = None
 
 
 class SkippedSamples(L.Callback):

@@ -2,8 +2,6 @@
 
 - `HeadSpec`: the injected head factory as plain data (`record_head` writes it into a
   task's hyperparameters), so that a checkpoint rebuilds the head it was trained with.
-- `ResumeRNG`: the global random states at each save, restored right before the first
-  resumed step, so that a resumed fit draws what the uninterrupted one would have.
 - `record_class_paths`: the task's and the DataModule's classes named in every checkpoint,
   as LightningCLI names them, also when the task was trained from Python (`Trainer.fit`).
 - `Checkpoint`: what a Lightning checkpoint says of its task and data, read lazily, or one
@@ -18,7 +16,6 @@ import importlib
 import inspect
 import json
 import pickle
-import random
 import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass, replace
@@ -27,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
@@ -132,51 +128,6 @@ def record_head(hparams: dict[str, Any], head: HeadFactory) -> None:
         hparams.pop("head", None)
     else:
         hparams["head"] = spec.as_data()
-
-
-def rng_states() -> dict[str, Any]:
-    """The global random states (torch, CUDA, numpy, Python) as tensors and plain values, so
-    that checkpoints holding them still load with `torch.load(weights_only=True)`."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-        "python": random.getstate(),
-    }
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what `rng_states` returned."""
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, internal, gauss = states["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-class ResumeRNG(L.Callback):
-    """Exact resume of the global random streams (dropout, drop path, Mixup's numpy draws):
-    each checkpoint holds them as the next step would find them (`checkpoint["rng_states"]`),
-    and a fit restored from one sets them right before its first step, not at load time
-    (sanity checks and loader start-up in between would otherwise draw from them).
-    Every vitdense task adds it to `fit` (`BaseTask.configure_callbacks`)."""
-
-    def __init__(self) -> None:
-        self._to_restore: dict[str, Any] | None = None
-
-    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint["rng_states"] = rng_states()
-
-    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._to_restore = checkpoint.get("rng_states")
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        if self._to_restore is not None:
-            set_rng_states(self._to_restore)
-            self._to_restore = None
 
 
 #: where LightningCLI names a class in a checkpoint's hyperparameters (and `Checkpoint` reads it)

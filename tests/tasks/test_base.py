@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
-from vitdense.callbacks import SkippedSamples
-from vitdense.checkpoint import HeadSpec, ResumeRNG
+from vitdense.callbacks import ResumeRNG, SkippedSamples
+from vitdense.checkpoint import HeadSpec
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
 from vitdense.optim import WarmupCosineLR, WarmupPolyLR

@@ -21,8 +21,9 @@ and what it predicts becomes results through one declaration, its `result_type`
 size, index)` is the sample an image becomes for `predict_step`.
 
 The shared step and the epoch-end metrics and losses live here once; optimisation in `vitdense.optim`,
-hub weights in `vitdense.tasks.pretrained`, head and class recording and resume RNG state in
-`vitdense.checkpoint`, the callbacks every task adds in `vitdense.callbacks.task_callbacks`.
+hub weights in `vitdense.tasks.pretrained`, head, class and inference recording in
+`vitdense.checkpoint`, the callbacks every task adds (resume RNG state among them) in
+`vitdense.callbacks.task_callbacks`.
 """
 
 from __future__ import annotations
