@@ -189,7 +189,7 @@ def test_compile_compiles_backbone_and_head_in_place():
 
 
 def test_compile_without_a_cpp_compiler_warns_and_runs_eager(monkeypatch):
-    monkeypatch.setattr("vitdense.tasks.base.shutil.which", lambda name: None)
+    monkeypatch.setattr("vitdense.tasks.running.shutil.which", lambda name: None)
     with pytest.warns(UserWarning, match="inductor needs a C\\+\\+ compiler"):
         task, _ = compiled_fit(True)
     assert task.backbone._compiled_call_impl is None

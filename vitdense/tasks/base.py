@@ -5,8 +5,7 @@ builds the task by calling the hooks (so a subclass overrides what it needs and 
 nothing): `configure_backbone(config)`, `configure_head(head, backbone)` (recorded for
 checkpoints), `build_model(backbone, head)` (the plain `vitdense.models` module the task
 wraps as `self.model`), `configure_metrics()` (cloned per stage). The loop's hooks are each
-told the stage ("train",
-"val", "test", "predict") rather than reading it off the trainer:
+told the stage ("train", "val", "test", "predict") rather than reading it off the trainer:
 
     forward_batch(batch, stage)                  -> task output (a NamedTuple)
     compute_loss(output, batch, stage)           -> Losses(total, terms[, sums for evaluation])
@@ -20,34 +19,29 @@ and what it predicts becomes results through one declaration, its `result_type`
 `prediction_writer(output_dir)` (a `ResultWriter`) for `predict`; `predict_sample(image,
 size, index)` is the sample an image becomes for `predict_step`.
 
-The shared step and the epoch-end metrics and losses live here once; optimisation in `vitdense.optim`,
-hub weights in `vitdense.tasks.pretrained`, head, class and inference recording in
-`vitdense.checkpoint`, the callbacks every task adds (resume RNG state among them) in
-`vitdense.callbacks.task_callbacks`.
+The shared step and the epoch-end metrics and losses live here once; the prediction hooks
+in `vitdense.tasks.predicting`, compiling and FSDP clipping in `vitdense.tasks.running`,
+optimisation in `vitdense.optim`, hub weights in `vitdense.tasks.pretrained`, head, class
+and inference recording in `vitdense.checkpoint`, the callbacks every task adds (resume RNG
+state among them) in `vitdense.callbacks.task_callbacks`.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from functools import cached_property
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDPModule
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
-from vitdense.callbacks import ResultWriter, task_callbacks
+from vitdense.callbacks import task_callbacks
 from vitdense.checkpoint import (
     HeadFactory,
     head_factory,
@@ -60,15 +54,16 @@ from vitdense.errors import ConfigError
 from vitdense.metrics import LossMeans
 from vitdense.models import ImageClassifier
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, param_groups, resolve_schedules
-from vitdense.results import Result, ResultContext
+from vitdense.tasks.predicting import PredictsResults
 from vitdense.tasks.pretrained import PretrainedBackbone
-from vitdense.types import ImageSizes, LabeledImages, Losses, Size
+from vitdense.tasks.running import RunsOnTrainer
+from vitdense.types import ImageSizes, Losses
 
 Stage = Literal["train", "val", "test", "predict"]
 STAGES = ("train", "val", "test")
 
 
-class BaseTask(PretrainedBackbone, L.LightningModule):
+class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningModule):
     """Shared spine of every vitdense task.
 
     Args:
@@ -92,8 +87,6 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
     mode: ClassVar[Literal["min", "max"]] = "min"
     #: also update and log the metrics on training batches (off: evaluation metrics only)
     log_train_metrics: ClassVar[bool] = False
-    #: what one image's prediction becomes (`vitdense.results`); None: the task does not predict
-    result_type: ClassVar[type | None] = None
 
     def __init__(
         self,
@@ -125,34 +118,6 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         record_head(self.hparams, head)
         metrics = self.configure_metrics()
         self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
-
-    def configure_model(self) -> None:
-        """Lightning's hook before training or evaluation: compile backbone and head if asked."""
-        if self.compile_options is None or getattr(self, "_compiled", False):
-            return
-        device = self.trainer.strategy.root_device if self._trainer is not None else self.device
-        reason = compile_unsupported(self.compile_options, device)
-        if reason is not None:
-            rank_zero_warn(f"model.init_args.compile: {reason}; running eager")
-            return
-        self.backbone.compile(**self.compile_options)
-        self.head.compile(**self.compile_options)
-        self._compiled = True
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        """Lightning's clipping, except by norm under FSDP, which Lightning refuses: there the
-        root FSDP module's own `clip_grad_norm_` clips by the norm over every shard (torch's
-        `clip_grad_norm_` would see only this process's shard)."""
-        root = self._trainer.strategy.model if self._trainer is not None else None
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(root, FSDPModule):
-            root.clip_grad_norm_(gradient_clip_val)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ hooks to override
     def configure_backbone(self, config: BackboneConfig) -> VisionTransformer:
@@ -209,30 +174,6 @@ class BaseTask(PretrainedBackbone, L.LightningModule):
         in eval mode). `pixels`: its images un-normalised, [h, w, 3] uint8 each at its own size;
         `palette`: [K, 3] uint8 class colours. `vitdense.draw` has the pieces. Default: none."""
         return []
-
-    def predict_sample(self, image: torch.Tensor, size: Size, index: int) -> Any:
-        """An image to predict on, as this task's `predict_step` takes it (one sample; the
-        predictor pads a list of them into a batch): `image` [3, H, W] preprocessed
-        (`vitdense.preprocess.Preprocess`), `size` its (H0, W0) as given. Default: an
-        unlabelled `LabeledImages`."""
-        return LabeledImages.unlabeled(image, size, index)
-
-    def to_results(self, prediction: Any, context: ResultContext) -> list[Result]:
-        """`predict_step`'s output for a batch as one typed result per image, through this
-        task's `result_type` (`vitdense.results`): what `vitdense.load` returns, `predict`
-        writes and the server answers."""
-        if self.result_type is None:
-            raise TypeError(
-                f"{type(self).__name__} names no result_type, so its predictions cannot become results: set the "
-                "class attribute result_type to a type with from_prediction, to_dict, write and rows "
-                "(vitdense.results.ClassificationResult and its siblings are examples)"
-            )
-        return self.result_type.from_prediction(prediction, context)
-
-    def prediction_writer(self, output_dir: Path) -> BasePredictionWriter | None:
-        """What `predict` writes under `output_dir` when no writer is configured: the result
-        type's files and table (`ResultWriter`); None without a `result_type`."""
-        return ResultWriter(str(output_dir)) if self.result_type is not None else None
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> Any:
         """The model's output for images [B, 3, H, W] padded as `image_sizes` says."""
@@ -337,14 +278,3 @@ def follow_grad_checkpointing(module: nn.Module, backbone: VisionTransformer) ->
     if backbone.grad_checkpointing and hasattr(module, "set_grad_checkpointing"):
         module.set_grad_checkpointing(True)
     return module
-
-
-def compile_unsupported(options: dict[str, Any], device: torch.device) -> str | None:
-    """Why `torch.compile(**options)` cannot run here, or None."""
-    if not torch._dynamo.is_dynamo_supported():
-        return f"torch {torch.__version__} cannot compile on Python {sys.version.split()[0]}"
-    backend = options.get("backend", "inductor")
-    compilers = [os.environ.get("CXX", ""), "c++", "g++", "clang++"]
-    if backend == "inductor" and device.type == "cpu" and not any(c and shutil.which(c) for c in compilers):
-        return "inductor needs a C++ compiler on the CPU and none was found (install g++, or set CXX)"
-    return None
