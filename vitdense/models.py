@@ -25,7 +25,7 @@ from torchvision.ops import box_convert
 from vitdense.backbone import VisionTransformer
 from vitdense.errors import ConfigError
 from vitdense.heads.linear_probe import probe_features
-from vitdense.inference import segment_image
+from vitdense.sliding_windows import segment_image
 from vitdense.types import BoxTargets, DetectionOutput, ImageSizes, Size
 
 

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
 from vitdense.callbacks import ResumeRNG, SkippedSamples
-from vitdense.checkpoint import HeadSpec
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
+from vitdense.heads.factory import HeadSpec
 from vitdense.optim import WarmupCosineLR, WarmupPolyLR
 from vitdense.tasks import BackboneConfig, BaseTask
 from vitdense.types import Losses
@@ -210,3 +210,17 @@ def test_clipping_by_norm_under_fsdp_uses_fsdps_own_norm():
         task.configure_gradient_clipping(optimizer, gradient_clip_val=0.5, gradient_clip_algorithm="value")
     lightning_clipping.assert_called_once()  # by value: Lightning's own (elementwise, per shard is right)
     assert root.clip_grad_norm_.call_count == 1
+
+
+@pytest.mark.parametrize("where", ["vitdense.checkpoint", "vitdense.tasks.base"])
+def test_head_specs_pickled_where_they_lived_still_load(where, tmp_path, monkeypatch):
+    """Checkpoints pickled `HeadSpec` under the modules it lived in before `vitdense.heads.factory`."""
+    import importlib
+
+    spec = HeadSpec("vitdense.heads.classification.ClassificationHead", {"pool": "avg"})
+    monkeypatch.setattr(importlib.import_module(where), "HeadSpec", HeadSpec, raising=False)
+    monkeypatch.setattr(HeadSpec, "__module__", where)
+    torch.save({"head": spec}, tmp_path / "old.ckpt")
+    assert f"{where}\nHeadSpec".encode() in (tmp_path / "old.ckpt").read_bytes()  # pickled under the old name
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "old.ckpt", weights_only=True)["head"] == spec

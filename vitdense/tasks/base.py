@@ -42,15 +42,9 @@ from torchmetrics import MetricCollection
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
 from vitdense.callbacks import task_callbacks
-from vitdense.checkpoint import (
-    HeadFactory,
-    head_factory,
-    record_class_paths,
-    record_head,
-    record_inference,
-    under_model,
-)
+from vitdense.checkpoint import record_class_paths, record_inference, under_model
 from vitdense.errors import ConfigError
+from vitdense.heads.factory import HeadFactory, head_factory, record_head
 from vitdense.metrics import LossMeans
 from vitdense.models import ImageClassifier
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, param_groups, resolve_schedules

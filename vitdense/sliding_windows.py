@@ -1,4 +1,5 @@
-"""Dense inference over whole images: sliding windows, multi-scale and flip (mmseg semantics).
+"""Segmentation over whole images: sliding windows, multi-scale and flip (mmseg semantics),
+what `vitdense.models.Segmenter.segment` runs in evaluation and prediction.
 
 `predict` maps an image batch [B, 3, h, w] to logits [B, K, h, w] at the same size (any
 size); these functions tile a larger image with it and average where windows overlap.
