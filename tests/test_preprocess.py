@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import vitdense
+from vitdense.data.cls_transforms import classification_eval_transforms
 from vitdense.data.det_transforms import detection_eval_transforms
 from vitdense.data.seg_transforms import segmentation_eval_transforms
-from vitdense.data.transforms import classification_eval_transforms
 from vitdense.errors import ConfigError
 from vitdense.preprocess import CHECKPOINT_KEY, InferenceData, Preprocess
 

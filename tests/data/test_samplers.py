@@ -2,8 +2,8 @@
 
 import torch
 
+from vitdense.data.cls_transforms import classification_train_transforms
 from vitdense.data.samplers import EpochSeededDataset, EvalSampler, TrainSampler
-from vitdense.data.transforms import classification_train_transforms
 
 
 class Numbers(torch.utils.data.Dataset):

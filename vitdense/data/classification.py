@@ -13,7 +13,7 @@ import albumentations as A
 import numpy as np
 
 from vitdense.data.base import ImageDataModule
-from vitdense.data.transforms import classification_eval_transforms, classification_train_transforms
+from vitdense.data.cls_transforms import classification_eval_transforms, classification_train_transforms
 from vitdense.errors import DataError
 from vitdense.preprocess import Preprocess
 from vitdense.types import LabeledImages

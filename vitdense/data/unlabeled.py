@@ -13,8 +13,8 @@ from torch.utils.data import Dataset
 
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.classification import ClassificationDataModule, held_out_split, labeled_sample
+from vitdense.data.cls_transforms import classification_train_transforms
 from vitdense.data.images import IMAGE_SUFFIXES, decode_image, find_images
-from vitdense.data.transforms import classification_train_transforms
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
