@@ -25,7 +25,7 @@ _WHERE = {
     "CIFARImages": "vitdense.data.cifar",
     "ClassificationDataModule": "vitdense.data.classification",
     "COCODataModule": "vitdense.data.coco",
-    "load_coco": "vitdense.data.coco",
+    "load_coco": "vitdense.data.coco_json",
     "pad_collate": "vitdense.data.collate",
     "detection_eval_transforms": "vitdense.data.det_transforms",
     "detection_train_transforms": "vitdense.data.det_transforms",

@@ -26,7 +26,7 @@ from vitdense.preprocess import Preprocess
 from vitdense.types import BoxTargets, DetectedImages, EvalTargets
 
 if TYPE_CHECKING:
-    from vitdense.data.coco import CocoIndex
+    from vitdense.data.coco_json import CocoIndex
 
 
 class CocoDetection(Dataset):

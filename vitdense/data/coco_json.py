@@ -1,0 +1,218 @@
+"""The COCO JSON format (COCO 2017 and anyone's own images + JSON): reading and checking
+the JSON (`load_coco` -> `CocoIndex`) and writing results (`coco_results`). The DataModule
+that reads it is `vitdense.data.coco.COCODataModule`.
+
+The layout is COCO's, the generic one for users' own datasets:
+
+    <root>/train2017/<file_name>                   images (any folder name; `train_images`)
+    <root>/val2017/<file_name>
+    <root>/annotations/instances_train2017.json   COCO JSON (`train_annotations`)
+    <root>/annotations/instances_val2017.json
+
+Category ids become contiguous labels 0..K-1 in increasing id order (class names from the
+JSON) and are mapped back with `category_ids[label]` for evaluation and export. Crowd
+annotations are left out of the training targets but kept in the evaluation targets
+(COCOeval ignores detections that fall on them); each annotation's own `area` decides
+small/medium/large. Training boxes are clipped to their image and those left without area
+are dropped, with a count in the log. Images without annotations are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torchvision.ops import box_convert
+
+from vitdense.errors import DataError
+from vitdense.types import Detections
+
+_logger = logging.getLogger(__name__)
+
+LAYOUT = "<root>/<images folder>/<file_name> with <root>/annotations/instances_<split>.json (COCO JSON)"
+
+
+@dataclass
+class CocoImage:
+    """One image entry and its annotations, checked.
+
+    `boxes` are the training targets (x1, y1, x2, y2 pixels, clipped, crowds and empty boxes
+    out) with `labels`; `eval_*` are all of the image's annotations as written (COCO
+    xywh turned into corners), crowds included, for evaluation."""
+
+    id: int
+    file_name: str
+    height: int
+    width: int
+    boxes: np.ndarray
+    labels: np.ndarray
+    eval_boxes: np.ndarray
+    eval_labels: np.ndarray
+    eval_iscrowd: np.ndarray
+    eval_area: np.ndarray
+
+
+@dataclass
+class CocoIndex:
+    """A COCO JSON file read and checked: categories in id order and every image's objects."""
+
+    annotation_file: Path
+    image_dir: Path
+    category_ids: list[int]
+    class_names: list[str]
+    images: list[CocoImage]
+
+    @property
+    def image_ids(self) -> list[int]:
+        """The JSON's id of each image, in dataset order."""
+        return [image.id for image in self.images]
+
+
+def _require(entry: Any, keys: tuple[str, ...], where: str, path: Path) -> None:
+    if not isinstance(entry, dict):
+        raise DataError(f"{path}: {where} is a {type(entry).__name__}, expected an object with {', '.join(keys)}")
+    missing = [k for k in keys if k not in entry]
+    if missing:
+        raise DataError(
+            f"{path}: {where} has no {', '.join(repr(k) for k in missing)} (every entry needs {', '.join(keys)})"
+        )
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: COCO annotation file not found; expected layout {LAYOUT}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a COCO JSON object with images, annotations, categories")
+    return data
+
+
+def read_categories(annotation_file: str | Path) -> tuple[list[int], list[str]]:
+    """(category ids in increasing order, their names) from a COCO JSON file."""
+    path = Path(annotation_file)
+    return _categories(_load_json(path), path)
+
+
+def _categories(data: dict[str, Any], path: Path) -> tuple[list[int], list[str]]:
+    _require(data, ("categories",), "the file", path)
+    names: dict[int, str] = {}
+    for i, cat in enumerate(data["categories"]):
+        _require(cat, ("id", "name"), f"categories[{i}]", path)
+        if cat["id"] in names:
+            raise DataError(f"{path}: categories[{i}] repeats category id {cat['id']}; category ids must be unique")
+        names[int(cat["id"])] = str(cat["name"])
+    if not names:
+        raise DataError(f"{path}: 'categories' is empty; a detection dataset needs at least one category")
+    ids = sorted(names)
+    return ids, [names[i] for i in ids]
+
+
+def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: bool = True) -> CocoIndex:
+    """Read and check a COCO JSON file.
+
+    Stops with a `DataError` naming the field and the entry on: a missing key, a repeated
+    image or category id, an annotation of an unknown image or category, a bbox that is not
+    four numbers, or (with `check_files`) an image listed but absent from `image_dir`.
+    """
+    path, image_dir = Path(annotation_file), Path(image_dir)
+    data = _load_json(path)
+    _require(data, ("images", "annotations", "categories"), "the file", path)
+    category_ids, class_names = _categories(data, path)
+    label_of = {cid: label for label, cid in enumerate(category_ids)}
+    if not image_dir.is_dir():
+        raise FileNotFoundError(f"{image_dir}: image folder not found (listed by {path}); expected layout {LAYOUT}")
+
+    entries: dict[int, dict[str, Any]] = {}
+    for i, img in enumerate(data["images"]):
+        _require(img, ("id", "file_name", "height", "width"), f"images[{i}]", path)
+        if img["id"] in entries:
+            raise DataError(f"{path}: images[{i}] repeats image id {img['id']}; image ids must be unique")
+        if check_files and not (image_dir / img["file_name"]).is_file():
+            raise DataError(
+                f"{path}: images[{i}] (id {img['id']}) lists {img['file_name']!r}, which is not in {image_dir}; "
+                "add the file or remove the entry"
+            )
+        entries[img["id"]] = img
+    objects: dict[int, list[dict[str, Any]]] = {k: [] for k in entries}
+    for i, ann in enumerate(data["annotations"]):
+        name = f"annotations[{i}] (id {ann.get('id', '?')})" if isinstance(ann, dict) else f"annotations[{i}]"
+        _require(ann, ("image_id", "category_id", "bbox"), name, path)
+        if ann["image_id"] not in entries:
+            raise DataError(f"{path}: {name} refers to image id {ann['image_id']}, which 'images' does not list")
+        if ann["category_id"] not in label_of:
+            raise DataError(
+                f"{path}: {name} has category_id {ann['category_id']}, which 'categories' does not list "
+                f"(known ids: {category_ids[0]}..{category_ids[-1]})"
+            )
+        bbox = ann["bbox"]
+        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, int | float) for v in bbox)):
+            raise DataError(f"{path}: {name} has bbox {bbox!r}; expected [x, y, width, height] in pixels")
+        objects[ann["image_id"]].append(ann)
+
+    images, dropped, example = [], 0, None
+    for img_id, img in entries.items():
+        anns = objects[img_id]
+        xywh = np.array([a["bbox"] for a in anns], dtype=np.float64).reshape(-1, 4)
+        corners = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)
+        labels = np.array([label_of[a["category_id"]] for a in anns], dtype=np.int64)
+        iscrowd = np.array([int(a.get("iscrowd", 0)) for a in anns], dtype=np.int64)
+        area = np.array([float(a.get("area", w * h)) for a, (_, _, w, h) in zip(anns, xywh, strict=True)])
+        clipped = corners.copy()
+        clipped[:, 0::2] = clipped[:, 0::2].clip(0, img["width"])
+        clipped[:, 1::2] = clipped[:, 1::2].clip(0, img["height"])
+        has_area = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
+        keep = has_area & (iscrowd == 0)
+        if (~has_area).any():
+            dropped += int((~has_area).sum())
+            example = example or f"image id {img_id}, annotation id {anns[int(np.argmin(has_area))].get('id', '?')}"
+        images.append(
+            CocoImage(
+                int(img_id),
+                str(img["file_name"]),
+                int(img["height"]),
+                int(img["width"]),
+                clipped[keep].astype(np.float32),
+                labels[keep],
+                corners.astype(np.float32),
+                labels,
+                iscrowd,
+                area.astype(np.float32),
+            )
+        )
+    if dropped:
+        _logger.warning(
+            "%s: %d boxes have no area once clipped to their image and are left out of training (e.g. %s)",
+            path,
+            dropped,
+            example,
+        )
+    return CocoIndex(path, image_dir, category_ids, class_names, images)
+
+
+def coco_results(
+    found: Detections,
+    image_ids: Sequence[int],
+    category_ids: Sequence[int],
+    file_names: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Detections as COCO results entries (what `COCO.loadRes` and the evaluation server
+    read): `image_id` (`image_ids[i]` for dataset sample i) and `category_id` (of each
+    label) as in the JSON, `bbox` as [x, y, width, height] pixels of the original image,
+    `score`; with `file_names`, each entry also names its image file (`file_name`)."""
+    results = []
+    for i, boxes, scores, labels in zip(found.index.tolist(), found.boxes, found.scores, found.labels, strict=True):
+        named = {"file_name": file_names[i]} if file_names is not None else {}
+        xywh = box_convert(boxes.float(), "xyxy", "xywh").tolist()
+        for box, score, label in zip(xywh, scores.tolist(), labels.tolist(), strict=True):
+            entry = {"image_id": image_ids[i], "category_id": category_ids[label], "bbox": box, "score": score}
+            results.append({**entry, **named})
+    return results
