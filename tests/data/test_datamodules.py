@@ -14,7 +14,11 @@ import vitdense.data as data
 from vitdense.data import LoaderConfig
 
 DATAMODULES = sorted(
-    (cls for cls in vars(data).values() if isinstance(cls, type) and issubclass(cls, data.ImageDataModule)),
+    (
+        cls
+        for cls in map(data.__getattr__, data.__all__)
+        if isinstance(cls, type) and issubclass(cls, data.ImageDataModule)
+    ),
     key=lambda cls: cls.__name__,
 )
 LOADER_KEYS = {field.name for field in dataclasses.fields(LoaderConfig)}
