@@ -16,7 +16,7 @@ from vitdense.data import LoaderConfig
 DATAMODULES = sorted(
     (
         cls
-        for cls in map(data.__getattr__, data.__all__)
+        for cls in (getattr(data, name) for name in data.__all__)
         if isinstance(cls, type) and issubclass(cls, data.ImageDataModule)
     ),
     key=lambda cls: cls.__name__,
