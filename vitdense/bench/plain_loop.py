@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -225,6 +226,8 @@ def bench_plain_loop(args: argparse.Namespace) -> tuple[Recipe, dict[str, list[C
     for seed in range(args.seeds):
         curves["vitdense"].append(fit_vitdense(Path(args.config), recipe, seed, data_args))
         curves["plain"].append(fit_plain(config, recipe, seed, data_args))
+        for side, runs in curves.items():  # as they come: a long benchmark that is stopped still says something
+            print(f"seed {seed} {side}: {runs[-1]}", file=sys.stderr, flush=True)
     return recipe, curves
 
 
