@@ -234,7 +234,8 @@ def bench_plain_loop(args: argparse.Namespace) -> tuple[Recipe, dict[str, list[C
 def print_plain_loop(args: argparse.Namespace, recipe: Recipe, curves: dict[str, list[Curve]]) -> None:
     opt = ", ".join(f"{k} {v}" for k, v in recipe.optimizer_args.items())
     print(
-        f"{Path(args.config).name}: {recipe.model_name} {recipe.model_args or ''}, pool {recipe.pool}, "
+        f"{Path(args.config).name}: {recipe.model_name}{f' {recipe.model_args}' if recipe.model_args else ''}, "
+        f"pool {recipe.pool}, "
         f"{recipe.optimizer.rsplit('.', 1)[-1]} ({opt}), {recipe.warmup_steps} warmup steps + cosine, "
         f"batch {recipe.batch_size}, {recipe.epochs} epochs, {recipe.precision}, {args.seeds} seeds; "
         f"on {cpu_kind()} ({torch.get_num_threads()} threads, torch {torch.__version__}, timm {timm.__version__}, "
