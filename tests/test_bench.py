@@ -88,3 +88,48 @@ def test_data_bench_times_a_configs_pipeline(capsys):
     main(["data", "--config", str(config), "--set", "train_size=512", "--workers", "0", "--batches", "1"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [r[0] for r in rows] == ["0"] and float(rows[0][1]) > 0
+
+
+def tiny_demo_cls(tmp_path: Path) -> Path:
+    """configs/demo_cls.yaml at a toy size: one block, 32 px, two steps per epoch."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "demo_cls.yaml").read_text())
+    config["model"]["init_args"]["backbone"]["model_args"] = {"depth": 1}
+    config["model"]["init_args"]["lr_scheduler"]["init_args"]["warmup_steps"] = 1
+    config["data"]["init_args"].update(img_size=32, train_size=64, val_size=16, loader={"batch_size": 32})
+    path = tmp_path / "tiny_cls.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_plain_loop_bench_prints_both_curves(capsys, tmp_path):
+    main(["plain-loop", "--config", str(tiny_demo_cls(tmp_path)), "--seeds", "1", "--epochs", "2"])
+    out = capsys.readouterr().out.splitlines()
+    assert "AdamW" in out[0] and "2 epochs" in out[0]
+    rows = {line[:30].strip(): [float(v) for v in line[30:].split()] for line in out[2:]}
+    assert list(rows) == ["seed 0 vitdense", "seed 0 plain", "mean vitdense", "mean plain"]
+    for row in rows.values():  # two epochs of top-1 (%), then wall seconds
+        assert len(row) == 3 and all(0 <= a <= 100 for a in row[:2]) and row[2] > 0
+    assert rows["mean plain"] == rows["seed 0 plain"]
+
+
+def test_plain_loop_model_is_vitdenses_model():
+    """The plain loop's timm ViT computes what vitdense's task computes with the same weights:
+    the two sides differ in the loop and the model code only."""
+    import yaml
+
+    from vitdense.bench.plain_loop import DEMO_CONFIG, Recipe, plain_model
+    from vitdense.heads import ClassificationHead
+    from vitdense.tasks import BackboneConfig, ClassificationTask
+
+    recipe = Recipe.of(yaml.safe_load(DEMO_CONFIG.read_text()), epochs=1, precision="32-true")
+    task = ClassificationTask(4, head=ClassificationHead, backbone=BackboneConfig(img_size=32, model_args={"depth": 1}))
+    task.head.pool = recipe.pool
+    peer = plain_model(Recipe(**{**vars(recipe), "model_args": {"depth": 1}}), 4, 32)
+    peer.load_state_dict(
+        {k.removeprefix("backbone.").replace("head.fc.", "head."): v for k, v in task.model.state_dict().items()}
+    )
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(task.eval()(x), peer.eval()(x))

@@ -16,10 +16,9 @@ from vitdense.types import ImageSizes
 CONFIGS = Path(__file__).parents[2] / "configs"
 
 
-def test_head_is_zero_initialised_and_pools_valid_tokens_only():
+def test_head_pools_valid_tokens_only():
     bb = VisionTransformer(img_size=32, embed_dim=32, depth=1, num_heads=2).eval()
     head = ClassificationHead(32, 3, pool="avg")
-    assert not head.fc.weight.any() and not head.fc.bias.any()
     torch.nn.init.normal_(head.fc.weight)
     x = torch.zeros(2, 3, 32, 64)
     x[0] = torch.randn(3, 32, 64)
@@ -28,6 +27,71 @@ def test_head_is_zero_initialised_and_pools_valid_tokens_only():
         logits = head(bb(x, ImageSizes.of([(32, 64), (32, 32)])))
         alone = head(bb(x[1:, :, :, :32]))
     torch.testing.assert_close(logits[1:], alone, rtol=0, atol=1e-5)
+
+
+TINY = dict(img_size=32, model_args={"depth": 1})
+
+
+def is_timm_init(fc: torch.nn.Linear) -> bool:
+    """timm's init of a ViT's Linear layers, the head's too: trunc_normal std .02, zero bias."""
+    return abs(fc.weight.std().item() - 0.02) < 0.002 and not fc.bias.any()
+
+
+def is_zero(fc: torch.nn.Linear) -> bool:
+    return not fc.weight.any() and not fc.bias.any()
+
+
+def test_head_starts_at_timms_init_from_scratch_and_at_zero_on_pretrained_weights(tmp_path):
+    import timm
+
+    torch.manual_seed(0)
+    assert is_timm_init(ClassificationTask(num_classes=10, backbone=BackboneConfig(**TINY)).head.fc)
+    # a checkpoint file: the weights of a timm model (random, but loaded as trained weights)
+    path = tmp_path / "vit.pth"
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32, depth=1)
+    torch.save(vit.state_dict(), path)
+    assert is_zero(ClassificationTask(num_classes=10, backbone=BackboneConfig(checkpoint=str(path), **TINY)).head.fc)
+    # hub weights: built at random, loaded in setup; the head already knows (nothing is fetched here)
+    assert is_zero(ClassificationTask(num_classes=10, backbone=BackboneConfig(pretrained=True, **TINY)).head.fc)
+
+
+@pytest.mark.parametrize("pretrained", [False, True])
+def test_zero_init_given_overrides_the_backbone(tmp_path, pretrained):
+    from functools import partial
+
+    backbone = BackboneConfig(pretrained=pretrained, **TINY)
+    zero = ClassificationTask(10, head=partial(ClassificationHead, zero_init=True), backbone=backbone)
+    timm_init = ClassificationTask(10, head=partial(ClassificationHead, zero_init=False), backbone=backbone)
+    assert is_zero(zero.head.fc) and is_timm_init(timm_init.head.fc)
+    assert zero.hparams["head"]["init_args"]["zero_init"] is True  # recorded, so a checkpoint rebuilds it
+
+
+def test_a_checkpoint_from_before_the_head_followed_the_backbone_loads_as_recorded(tmp_path):
+    """Checkpoints written when the head was always zero-initialised record `zero_init: true`
+    (the CLI writes every default): they load, with their trained head, and the head they
+    record still starts at zero."""
+    import lightning as L
+
+    from vitdense.checkpoint import head_factory
+
+    task = ClassificationTask(num_classes=3, backbone=BackboneConfig(**TINY))
+    task.hparams["head"] = {
+        "class_path": "vitdense.heads.ClassificationHead",
+        "init_args": {"pool": "avg", "zero_init": True},
+    }
+    path = tmp_path / "old.ckpt"
+    torch.save(
+        {
+            "state_dict": task.state_dict(),
+            "hyper_parameters": dict(task.hparams),
+            "pytorch-lightning_version": L.__version__,
+        },
+        path,
+    )
+    loaded = ClassificationTask.load_from_checkpoint(path)
+    assert loaded.head.zero_init is True and loaded.head.pool == "avg"
+    torch.testing.assert_close(loaded.head.fc.weight, task.head.fc.weight)  # the trained head, not zeros
+    assert is_zero(head_factory(loaded.hparams["head"])(192, 3).fc)
 
 
 def test_demo_config_fits_through_the_cli(tmp_path):

@@ -57,6 +57,12 @@ class BackboneConfig:
                 "from the file, set pretrained: false (--model.init_args.backbone.pretrained=false)"
             )
 
+    @property
+    def starts_pretrained(self) -> bool:
+        """Training starts from trained weights (the hub's or a checkpoint file's), not from
+        a random initialisation: what the paper's zero-initialised head assumes."""
+        return self.pretrained or self.checkpoint is not None
+
     def build(self, load_pretrained: bool = True) -> VisionTransformer:
         """The encoder; with `load_pretrained=False` a `pretrained` one is left at its random
         initialisation (tasks load the weights later, once per node: `vitdense.tasks.pretrained`)."""

@@ -6,6 +6,7 @@
     python -m vitdense.bench eval --images 5000
     python -m vitdense.bench data --config configs/demo_det.yaml --workers 0 1 2
     python -m vitdense.bench train-step --task seg --model vit_small_patch16_224 --img-size 512
+    python -m vitdense.bench plain-loop --config configs/demo_cls.yaml --seeds 3 --epochs 2
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -31,6 +32,13 @@ samples/s for each number of loader workers, so `loader.num_workers` can be set 
 detections each, 80 classes): COCOeval run directly (all classes at once), torchmetrics'
 `MeanAveragePrecision(class_metrics=True)` (COCOeval once, then again per class) and
 vitdense's `DetectionMeanAP` (COCOeval once, per-class figures from its arrays), per backend.
+
+`plain-loop` trains a classification recipe (default `configs/demo_cls.yaml`) through
+vitdense's CLI and through the plain PyTorch loop with timm's ViT that people would
+otherwise write — the same model (same outputs for the same weights), initialisation
+scheme, optimizer, warmup + cosine schedule, precision and DataModule datasets — for each
+of N seeds, and prints validation top-1 by epoch for both, their means and wall times: does
+the pipeline learn as fast as the plain loop (`vitdense.bench.plain_loop`)?
 
 `export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
 in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.

@@ -12,6 +12,7 @@ from vitdense.bench.data import bench_data, print_data
 from vitdense.bench.detection import bench_det_heads, print_det_heads
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
+from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
 from vitdense.bench.train_step import bench_train_step, print_train_step
 
 
@@ -68,6 +69,14 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--detections", type=int, default=100, help="detections per image")
     ev.add_argument("--classes", type=int, default=80)
     ev.add_argument("--backends", nargs="+", default=["pycocotools", "faster_coco_eval"])
+    pl = sub.add_parser(
+        "plain-loop", help="a classification recipe through vitdense vs a plain PyTorch + timm loop, per seed"
+    )
+    pl.add_argument("--config", default=str(DEMO_CONFIG), help="a vitdense classification YAML (default: demo_cls)")
+    pl.add_argument("--seeds", type=int, default=3, help="runs per side, seeds 0 .. N-1")
+    pl.add_argument("--epochs", type=int, default=None, help="default: the config's max_epochs")
+    pl.add_argument("--precision", default=None, help="trainer precision (default: the config's, auto resolved)")
+    pl.add_argument("--set", nargs="*", help="data init_args overrides, key=value (e.g. train_size=640)")
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -82,5 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         print_train_step(args, bench_train_step(args))
     elif args.command == "data":
         print_data(args, bench_data(args))
+    elif args.command == "plain-loop":
+        print_plain_loop(args, *bench_plain_loop(args))
     elif args.command == "eval":
         print_eval(args, bench_eval(args))

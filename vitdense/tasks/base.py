@@ -120,8 +120,12 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
 
     def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
         """The head from its factory, for `backbone` (`self.num_classes` exists by now); a
-        head with `set_grad_checkpointing` (timm's name) follows the backbone's setting."""
-        return follow_grad_checkpointing(head(backbone.embed_dim, self.num_classes), backbone)
+        head with `set_grad_checkpointing` (timm's name) follows the backbone's setting, and
+        one with `init_for_backbone(pretrained)` is told whether the backbone starts from
+        pre-trained weights (`ClassificationHead` zero-initialises only then)."""
+        module = head(backbone.embed_dim, self.num_classes)
+        follow_pretrained_start(module, self.backbone_config)
+        return follow_grad_checkpointing(module, backbone)
 
     def build_model(self, backbone: VisionTransformer, head: nn.Module) -> nn.Module:
         """The plain `nn.Module` of the task (backbone, head and the task's own pre- and
@@ -264,6 +268,15 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         # lengths from the trainer, here rather than in configure_optimizers: the train loader exists by
         # now (restored to its position when resuming); asking earlier would build it before its state loads
         resolve_schedules(self.trainer)
+
+
+def follow_pretrained_start(module: nn.Module, config: BackboneConfig) -> nn.Module:
+    """`module` (a head), initialised for a backbone that starts from pre-trained weights or
+    from scratch, when it has `init_for_backbone` (the backbone itself is still random here:
+    hub weights arrive in `setup`, so the config says which case it is)."""
+    if hasattr(module, "init_for_backbone"):
+        module.init_for_backbone(config.starts_pretrained)
+    return module
 
 
 def follow_grad_checkpointing(module: nn.Module, backbone: VisionTransformer) -> nn.Module:

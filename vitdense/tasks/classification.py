@@ -22,7 +22,7 @@ from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Head
 from vitdense.tasks.pictures import draw_classified
 from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages, Losses
 
-#: the paper's head: zero-initialised linear layer on the class token
+#: the paper's head: a linear layer on the class token, zero-initialised on a pre-trained backbone
 DEFAULT_CLASSIFICATION_HEAD = partial(ClassificationHead, pool="token")
 
 
