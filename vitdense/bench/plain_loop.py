@@ -31,7 +31,6 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from pydoc import locate
 from typing import Any
 
 import lightning as L
@@ -43,6 +42,7 @@ from timm.optim import param_groups_weight_decay
 from torch.utils.data import DataLoader
 
 from vitdense.bench.common import cpu_kind
+from vitdense.heads.factory import locate
 
 DEMO_CONFIG = Path(__file__).parents[2] / "configs" / "demo_cls.yaml"
 
