@@ -19,7 +19,9 @@ def test_backbone_bench_prints_ratio(capsys):
 
 
 def test_export_bench_prints_both_runtimes(capsys):
-    main("export --model vit_tiny_patch16_224 --img-size 32 --iters 1 --warmup 0 --tasks classification".split())
+    main(
+        "export --model vit_tiny_patch16_224 --depth 1 --img-size 32 --iters 1 --warmup 0 --tasks classification".split()
+    )
     out = capsys.readouterr().out
     rows = {line.split()[0]: [float(v) for v in line.split()[1:]] for line in out.splitlines()[2:]}
     assert set(rows) == {"classification"}

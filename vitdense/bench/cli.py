@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     ex = sub.add_parser("export", help="eager vs onnxruntime latency of each task's exported graph, batch 1")
     ex.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
     ex.add_argument("--img-size", type=int, default=224)
+    ex.add_argument("--depth", type=int, default=None, help="blocks of the encoder (default: the model's)")
     ex.add_argument("--tasks", nargs="+", default=["classification", "segmentation", "detection"])
     ex.add_argument("--iters", type=int, default=10, help="timed rounds per runtime")
     ex.add_argument("--warmup", type=int, default=2)

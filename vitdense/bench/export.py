@@ -21,17 +21,20 @@ def bench_export(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     from vitdense.export import exportable, save, trace
     from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
 
-    backbone = BackboneConfig(name=args.model, img_size=args.img_size)
+    model_args = {"depth": args.depth} if args.depth else None
+    backbone = BackboneConfig(name=args.model, img_size=args.img_size, model_args=model_args)
+    # built only when asked for: a DETR head is not free to build
     tasks = {
-        "classification": ClassificationTask(num_classes=1000, backbone=backbone),
-        "segmentation": SegmentationTask(num_classes=150, backbone=backbone),
-        "detection": DetectionTask(num_classes=80, backbone=backbone),
+        "classification": lambda: ClassificationTask(num_classes=1000, backbone=backbone),
+        "segmentation": lambda: SegmentationTask(num_classes=150, backbone=backbone),
+        "detection": lambda: DetectionTask(num_classes=80, backbone=backbone),
     }
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        for name, task in tasks.items():
+        for name, build in tasks.items():
             if name not in args.tasks:
                 continue
+            task = build()
             wrapper = exportable(task.model.eval(), [0.5] * 3, [0.5] * 3)
             outputs = ["boxes", "scores", "labels"] if name == "detection" else ["out"]
             path = Path(folder) / f"{name}.onnx"
