@@ -21,7 +21,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from vitdense.preprocess import LabelInfo
-from vitdense.results import ClassificationResult, ResultContext, WriteOptions
+from vitdense.results import ResultContext, WriteOptions
 
 _logger = logging.getLogger(__name__)
 
@@ -236,11 +236,14 @@ class ResultWriter(BasePredictionWriter):
             self.rows += result.rows()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        path = self.table_path(self.result_type) if self.result_type is not None else self.table_file
+        if self.result_type is None:  # nothing was predicted (every image skipped): no table to write
+            _logger.warning("predict: no image was predicted, so no table was written")
+            return
+        path = self.table_path(self.result_type)
         if path is None:
             return
         path = rank_path(path, trainer)
-        (self.result_type or ClassificationResult).write_table(self.rows, path)
+        self.result_type.write_table(self.rows, path)
         _logger.info("wrote %d rows to %s", len(self.rows), path)
 
 

@@ -23,12 +23,6 @@ def default_palette(num_classes: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (num_classes, 3), dtype=np.uint8)
 
 
-def palette_of(datamodule: object, num_classes: int) -> np.ndarray:
-    """[K, 3] uint8: the DataModule's `palette` when it has one, else `default_palette`."""
-    palette = getattr(datamodule, "palette", None)
-    return np.asarray(palette, dtype=np.uint8) if palette is not None else default_palette(num_classes)
-
-
 @cache
 def font(size: int = FONT_SIZE) -> ImageFont.ImageFont:
     """Pillow's bundled font at `size` (its fixed bitmap font where FreeType is missing)."""

@@ -341,7 +341,7 @@ class DetectionResult(Origin):
                 list(ids) if ids else None,
                 palette=palette,
                 **context.origin(i),
-            )  # fmt: skip
+            )
             for i, (boxes, scores, labels, size) in enumerate(
                 zip(prediction.boxes, prediction.scores, prediction.labels, context.sizes, strict=True)
             )
@@ -400,7 +400,3 @@ class DetectionResult(Origin):
                 found["category_id"] = self.category_ids[label]
             detections.append(found)
         return {"task": "detection", "size": list(self.size), "source": self.source, "detections": detections}
-
-
-#: the result types of vitdense's own tasks (a task of yours may add its own: `Result`)
-BUILTIN_RESULTS = (ClassificationResult, SegmentationResult, DetectionResult)

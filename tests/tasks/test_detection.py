@@ -14,12 +14,13 @@ from pycocotools.cocoeval import COCOeval
 
 from vitdense.callbacks import COCOResultsWriter
 from vitdense.data import CocoDetection, load_coco, pad_collate, write_synthetic_coco
-from vitdense.data.coco import coco_results
 from vitdense.data.det_transforms import detection_eval_transforms
 from vitdense.errors import ConfigError, NonFiniteError
 from vitdense.heads import DETRHead
 from vitdense.heads.detr import inverse_sigmoid
 from vitdense.models import postprocess
+from vitdense.preprocess import LabelInfo
+from vitdense.results import DetectionResult, ResultContext
 from vitdense.tasks import BackboneConfig, DetectionTask
 from vitdense.types import DetectionOutput
 
@@ -81,9 +82,12 @@ def test_map_equals_pycocotools_on_the_original_annotations(coco_val, backend, m
     ours = model.summarize(model.val_metrics.compute(), "val")
 
     gt = COCO(str(path))
-    results = [
-        r for found in everything for r in coco_results(found, dataset.index.image_ids, dataset.index.category_ids)
-    ]
+    labels = LabelInfo(category_ids=tuple(dataset.index.category_ids))
+    results = []  # the rows `predict` writes (DetectionResult.rows), read by pycocotools
+    for found in everything:
+        ids = [dataset.index.image_ids[i] for i in found.index.tolist()]
+        context = ResultContext(model.class_names, labels, sizes=[(0, 0)] * len(ids), image_ids=ids)
+        results += [row for result in DetectionResult.from_prediction(found, context) for row in result.rows()]
     evaluator = COCOeval(gt, gt.loadRes(results), "bbox")
     evaluator.evaluate()
     evaluator.accumulate()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from vitdense.data.base import LoaderConfig, Triple
 
-# (CocoIndex, load_coco and coco_results are re-exported: they lived here)
-from vitdense.data.coco_json import LAYOUT, CocoIndex, coco_results, load_coco, read_categories  # noqa: F401
+# (CocoIndex and load_coco are re-exported: they lived here)
+from vitdense.data.coco_json import LAYOUT, CocoIndex, load_coco, read_categories  # noqa: F401
 from vitdense.data.det_transforms import DETR_SCALES
 from vitdense.data.detection import DetectionDataModule
 from vitdense.errors import DataError

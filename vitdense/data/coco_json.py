@@ -1,6 +1,6 @@
 """The COCO JSON format (COCO 2017 and anyone's own images + JSON): reading and checking
-the JSON (`load_coco` -> `CocoIndex`) and writing results (`coco_results`). The DataModule
-that reads it is `vitdense.data.coco.COCODataModule`.
+the JSON (`load_coco` -> `CocoIndex`). Results are written as `vitdense.results.DetectionResult`
+rows; the DataModule that reads the format is `vitdense.data.coco.COCODataModule`.
 
 The layout is COCO's, the generic one for users' own datasets:
 
@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torchvision.ops import box_convert
 
 from vitdense.errors import DataError
-from vitdense.types import Detections
 
 _logger = logging.getLogger(__name__)
 
@@ -196,23 +193,3 @@ def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: b
             example,
         )
     return CocoIndex(path, image_dir, category_ids, class_names, images)
-
-
-def coco_results(
-    found: Detections,
-    image_ids: Sequence[int],
-    category_ids: Sequence[int],
-    file_names: Sequence[str] | None = None,
-) -> list[dict[str, Any]]:
-    """Detections as COCO results entries (what `COCO.loadRes` and the evaluation server
-    read): `image_id` (`image_ids[i]` for dataset sample i) and `category_id` (of each
-    label) as in the JSON, `bbox` as [x, y, width, height] pixels of the original image,
-    `score`; with `file_names`, each entry also names its image file (`file_name`)."""
-    results = []
-    for i, boxes, scores, labels in zip(found.index.tolist(), found.boxes, found.scores, found.labels, strict=True):
-        named = {"file_name": file_names[i]} if file_names is not None else {}
-        xywh = box_convert(boxes.float(), "xyxy", "xywh").tolist()
-        for box, score, label in zip(xywh, scores.tolist(), labels.tolist(), strict=True):
-            entry = {"image_id": image_ids[i], "category_id": category_ids[label], "bbox": box, "score": score}
-            results.append({**entry, **named})
-    return results

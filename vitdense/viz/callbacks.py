@@ -22,7 +22,8 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_warn
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from vitdense.draw import denormalize, palette_of
+from vitdense.draw import denormalize
+from vitdense.preprocess import LabelInfo
 
 
 def log_images(trainer: L.Trainer, tag: str, images: list[np.ndarray], step: int) -> list[Path]:
@@ -112,7 +113,7 @@ class ValidationImages(L.Callback):
         mean = getattr(datamodule, "mean", None) or cfg.get("mean", IMAGENET_DEFAULT_MEAN)
         std = getattr(datamodule, "std", None) or cfg.get("std", IMAGENET_DEFAULT_STD)
         pixels = denormalize(batch.image, batch.image_sizes.sizes, mean, std)
-        palette = palette_of(datamodule, pl_module.num_classes)
+        palette = LabelInfo.of(datamodule).colours(pl_module.num_classes)
         with torch.no_grad(), trainer.precision_plugin.val_step_context():
             images = draw(batch, pixels, palette)
         log_images(trainer, self.tag, images, trainer.global_step)
