@@ -192,9 +192,10 @@ def test_an_older_python_checkpoint_says_how_to_load_it(fitted_from_python, olde
     assert ClassificationTask.load_from_checkpoint(older).backbone_config == task.backbone_config  # as it says
 
 
-def run_error(args, capsys) -> str:
+def run_error(args, capsys, run=main) -> str:
+    """The one-line error a command (`run`: vitdense's CLI by default) printed as it exited with status 2."""
     with pytest.raises(SystemExit) as exit_info:
-        main(args)
+        run(args)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err

@@ -12,6 +12,7 @@ import timm
 import torch
 
 import vitdense
+from tests.test_checkpoints import run_error
 from vitdense.backbone import create_backbone, read_state_dict
 from vitdense.backbone.config import BackboneConfig
 from vitdense.checkpoint import Checkpoint, load_model, load_task
@@ -68,16 +69,6 @@ def _no_marker(request):
         request.getfixturevalue("evil")[1].unlink(missing_ok=True)
 
 
-def exits_with(args, run, capsys) -> str:
-    """The one-line error a command printed as it exited with status 2."""
-    with pytest.raises(SystemExit) as exit_info:
-        run(args)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 def test_the_file_does_run_code_when_loaded_in_full(evil):
     """What the refusals below prevent: the marker appears as soon as the file is unpickled."""
     files, marker = evil
@@ -111,7 +102,7 @@ def test_fit_refuses_a_backbone_checkpoint(suffix, evil, capsys, tmp_path, monke
     files, marker = evil
     monkeypatch.chdir(tmp_path)
     args = ["fit", "--config", DEMO, *SMALL, f"--model.init_args.backbone.checkpoint={files[suffix]}"]
-    line = exits_with(args, cli, capsys)
+    line = run_error(args, capsys, cli)
     assert line.startswith(f"vitdense: error: checkpoint {files[suffix]}: holds Python objects beyond torch's")
     assert "set model.init_args.backbone.trust_checkpoint=true" in line
     assert not marker.exists()
@@ -134,7 +125,7 @@ def test_commands_refuse_a_ckpt_path(command, evil, capsys, tmp_path, monkeypatc
     files, marker = evil
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("litserve.LitServer.run", lambda *a, **k: pytest.fail("started a server"))
-    line = exits_with([*command, f"--ckpt_path={files['.ckpt']}"], cli, capsys)
+    line = run_error([*command, f"--ckpt_path={files['.ckpt']}"], capsys, cli)
     assert line.startswith(f"vitdense: error: ckpt_path {files['.ckpt']}: holds Python objects beyond torch's")
     assert "GLOBAL io.open" in line and "pass a .ckpt written by vitdense training" in line
     assert not marker.exists()
@@ -172,7 +163,7 @@ def test_python_checkpoint_entries_refuse(entry, evil):
 def test_viz_refuses(args, suffix, evil, capsys, tmp_path):
     files, marker = evil
     argv = ["pos-embed", *args, str(files[suffix]), "--out", str(tmp_path)]
-    line = exits_with(argv + (TINY_VIZ if args != ["--ckpt_path"] else []), viz, capsys)
+    line = run_error(argv + (TINY_VIZ if args != ["--ckpt_path"] else []), capsys, viz)
     assert "holds Python objects beyond torch's weights_only allow-list (GLOBAL io.open)" in line
     assert not marker.exists()
 
