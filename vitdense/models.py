@@ -10,6 +10,7 @@ metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)
       Segmenter         -> pixel logits [B, K, H, W]; `segment` slides windows over whole images
       DETRDetector      -> DetectionOutput; `detect` -> boxes at each image's original size
       MaskedImageModel  -> MaskedImageOutput: a pre-training objective's predictions and targets
+      EoMT              -> MaskClassOutput: class and mask logits per query (semantic, instance, panoptic)
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer
 from vitdense.errors import ConfigError
+from vitdense.heads.eomt import padding_valid
 from vitdense.heads.linear_probe import probe_features
 from vitdense.sliding_windows import segment_image
-from vitdense.types import BoxTargets, DetectionOutput, ImageSizes, Size
+from vitdense.types import BoxTargets, DetectionOutput, ImageSizes, MaskClassOutput, Size, _ceil_div
 
 
 class ImageClassifier(nn.Module):
@@ -349,3 +351,89 @@ class MaskedImageModel(nn.Module):
         """images [B, 3, H, W] (padded, with their `ImageSizes`); `generator` draws the
         masks (None: torch's global generator)."""
         return self.objective(self.backbone, images, image_sizes, generator)
+
+
+class EoMT(nn.Module):
+    """EoMT (Kerssies et al., CVPR 2025): a plain ViT segments by itself. Learned queries
+    join the token sequence before the last `head.num_blocks` blocks; class and mask logits
+    are read off the queries before each of those blocks (the previous prediction's masks
+    restrict the queries' attention in the next block: masked attention, annealed away in
+    training) and after the last. One model for semantic, instance and panoptic
+    segmentation: the post-processing decides (`vitdense.mask_inference`).
+
+    Args:
+        backbone: the encoder; the joined blocks must attend globally.
+        head: an `EoMTHead` (queries, class and mask heads, upscaling).
+    """
+
+    def __init__(self, backbone: VisionTransformer, head: nn.Module) -> None:
+        super().__init__()
+        if head.num_blocks > backbone.depth:
+            raise ConfigError(
+                f"EoMT joins its queries to {head.num_blocks} blocks, but the backbone has {backbone.depth}"
+            )
+        windowed = backbone.window_size is not None or backbone.num_windows is not None
+        joined = range(backbone.depth - head.num_blocks, backbone.depth)
+        if windowed and (local := [i for i in joined if i not in backbone.global_attn_indexes]):
+            raise ConfigError(
+                f"EoMT's queries attend the whole image, but blocks {local} of the backbone attend within windows: "
+                "list them in backbone.global_attn_indexes or lower the head's num_blocks"
+            )
+        self.backbone = backbone
+        self.head = head
+
+    @property
+    def mask_stride(self) -> int:
+        """Input pixels per mask logit (EoMT: 4 for patch 16)."""
+        return self.backbone.patch_size[0] // self.head.mask_stride
+
+    def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> MaskClassOutput:
+        """images [B, 3, H, W] (padded, with their `ImageSizes`) -> `MaskClassOutput`: class
+        logits [B, Q, K + 1] and mask logits [B, Q, H', W'] on the padded patch grid times
+        the head's `mask_stride`; the earlier blocks' predictions in `aux` in training (and
+        in evaluation while masked attention applies, since the masks need them)."""
+        backbone, head = self.backbone, self.head
+        tokens, sizes = backbone.embed(images, image_sizes)
+        grid = (tokens.shape[1], tokens.shape[2])
+        x = backbone.add_pos_embed(tokens, sizes)
+        keys = backbone.key_mask(sizes, x.device)
+        valid = padding_valid(sizes, x.device)
+        window = backbone.window_for(grid)
+        p, start = backbone.num_prefix_tokens, backbone.depth - head.num_blocks
+        attn_mask = keys[:, None, None, :] if keys is not None else None
+        aux = []
+        for i in range(backbone.depth):
+            if i == start:
+                x = torch.cat([head.q.weight.to(x.dtype).expand(x.shape[0], -1, -1), x], 1)
+                if keys is not None:  # queries are keys for every token
+                    keys = F.pad(keys, (head.num_queries, 0), value=True)
+                    attn_mask = keys[:, None, None, :]
+            if i >= start and head.masks_in_block(i - start):
+                class_logits, mask_logits = head.predict(backbone.norm(x), grid, p, valid)
+                aux.append((class_logits, mask_logits))
+                attn_mask = head.attention_mask(mask_logits, grid, p, keys, i - start)
+            elif i >= start:
+                attn_mask = keys[:, None, None, :] if keys is not None else None
+            x, _ = backbone.run_block(i, x, attn_mask, window if i < start else None)
+        class_logits, mask_logits = head.predict(backbone.norm(x), grid, p, valid)
+        return MaskClassOutput(class_logits, mask_logits, tuple(aux))
+
+    def image_logits(
+        self, output: MaskClassOutput, image_sizes: ImageSizes, out_sizes: Sequence[Size] | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per image, class logits [Q, K + 1] and fp32 mask logits [Q, h, w] at its
+        `out_sizes` entry (default: its own size in the batch): its part of the mask grid,
+        upsampled to its pixels (bilinear), cropped to its size and resized (EoMT's
+        evaluation), as if it had run alone."""
+        out_sizes = out_sizes or image_sizes.sizes
+        patch = self.backbone.patch_size
+        stride = self.mask_stride
+        out = []
+        for i, ((h, w), size) in enumerate(zip(image_sizes.sizes, out_sizes, strict=True)):
+            gh, gw = _ceil_div(h, patch[0]) * patch[0], _ceil_div(w, patch[1]) * patch[1]
+            masks = output.mask_logits[i : i + 1, :, : gh // stride, : gw // stride].float()
+            masks = F.interpolate(masks, size=(gh, gw), mode="bilinear")[..., :h, :w]
+            if (h, w) != tuple(size):
+                masks = F.interpolate(masks, size=tuple(size), mode="bilinear")
+            out.append((output.class_logits[i].float(), masks[0]))
+        return out

@@ -583,17 +583,31 @@ class VisionTransformer(nn.Module):
             raise ValueError("windowed attention needs the tokens' patch grid (forward_tokens(grid=...))")
         attn_mask = keys[:, None, None, :] if keys is not None else None
         outs, attns = {}, {}
-        for i, blk in enumerate(self.blocks):
-            block_window = window if i not in self.global_attn_indexes else None
-            if self.grad_checkpointing and torch.is_grad_enabled():
-                x, attn = checkpoint(blk, x, attn_mask, i in want_attn, block_window, use_reentrant=False)
-            else:
-                x, attn = blk(x, attn_mask, i in want_attn, block_window)
+        for i in range(self.depth):
+            x, attn = self.run_block(i, x, attn_mask, window, i in want_attn)
             if i in want_out:
                 outs[i] = x
             if attn is not None:
                 attns[i] = attn
         return self.norm(x), outs, attns
+
+    def run_block(
+        self,
+        i: int,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        window: Window | None = None,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Block `i` over tokens x [B, T, D] -> ([B, T, D], attention or None), recomputed in
+        backward under gradient checkpointing. attn_mask: bool, broadcastable to [B, heads,
+        T, T], True where a query may attend a key; `window` applies unless block i is one of
+        `global_attn_indexes`."""
+        blk = self.blocks[i]
+        window = window if i not in self.global_attn_indexes else None
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(blk, x, attn_mask, return_attention, window, use_reentrant=False)
+        return blk(x, attn_mask, return_attention, window)
 
     def forward(
         self,

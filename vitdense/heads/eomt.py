@@ -1,0 +1,174 @@
+"""EoMT's head ("Your ViT is Secretly an Image Segmentation Model", Kerssies et al., CVPR
+2025): learned queries that join the ViT's token sequence for its last blocks, and what
+reads masks and classes off them.
+
+The head holds no blocks of its own; `vitdense.models.EoMT` runs the backbone's blocks and
+calls the head between them: `predict` (class and mask logits from the normalised tokens)
+before each of the last `num_blocks` blocks and after the last, and `attention_mask` (the
+queries may attend only the patches inside their previous mask; masked attention) for the
+block that follows. Parameter names are EoMT's (`q`, `class_head`, `mask_head.{0,2,4}`,
+`upscale.N.{conv1,conv2,norm}`, `attn_mask_probs`), so its weights load by dropping a prefix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from timm.layers import LayerNorm2d
+from torch import nn
+
+from vitdense.types import ImageSizes
+
+
+class ScaleBlock(nn.Module):
+    """Doubles a feature map's resolution: [B, D, h, w] -> [B, D, 2h, 2w] by a 2x2 transposed
+    convolution of stride 2, GELU, a depthwise 3x3 convolution and LayerNorm2d (EoMT's; the
+    upsampling path of ViTDet's simple feature pyramid)."""
+
+    def __init__(self, embed_dim: int) -> None:
+        super().__init__()
+        self.conv1 = nn.ConvTranspose2d(embed_dim, embed_dim, kernel_size=2, stride=2)
+        self.act = nn.GELU()
+        self.conv2 = nn.Conv2d(embed_dim, embed_dim, kernel_size=3, padding=1, groups=embed_dim, bias=False)
+        self.norm = LayerNorm2d(embed_dim)
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, D, h, w]; valid: [B, 1, 2h, 2w] bool, False on padding, which is zeroed
+        before the 3x3 convolution and after the norm, so that an image's border sees the
+        zeros it would see alone (the convolution's own zero padding)."""
+        x = self.act(self.conv1(x))
+        if valid is not None:
+            x = x * valid
+        x = self.norm(self.conv2(x))
+        return x * valid if valid is not None else x
+
+
+def num_upscale_blocks(patch_size: int) -> int:
+    """ScaleBlocks that bring the patch grid to about 1/4 of the input (EoMT's rule):
+    2 for patch 16 (1/4), 1 for patch 14 (1/7) or 8 (1/4)."""
+    return max(1, int(math.log2(patch_size)) - 2)
+
+
+class EoMTHead(nn.Module):
+    """EoMT's queries, class head, mask head and upscaling.
+
+    Args:
+        embed_dim: D, the backbone's width.
+        num_classes: K (the class head has K + 1 outputs, the last "no object").
+        patch_size: input pixels per token (the task passes the backbone's); sets the
+            number of ScaleBlocks (`num_upscale_blocks`), hence the mask resolution.
+        num_queries: Q learned queries (EoMT: 200 for panoptic and instance, 100 for semantic).
+        num_blocks: the last blocks the queries join (EoMT: 3 for 12-layer models, 4 for ViT-L).
+        masked_attention: restrict each query to its previous mask in those blocks (annealed
+            away in training by `attn_mask_probs`); False: plain attention throughout, and
+            only the final block's prediction.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_classes: int,
+        patch_size: int = 16,
+        num_queries: int = 100,
+        num_blocks: int = 4,
+        masked_attention: bool = True,
+    ) -> None:
+        super().__init__()
+        if num_queries < 1 or num_blocks < 1:
+            raise ValueError(f"EoMTHead needs num_queries >= 1 and num_blocks >= 1; got {num_queries}, {num_blocks}")
+        self.num_queries = num_queries
+        self.num_blocks = num_blocks
+        self.masked_attention = masked_attention
+        self.q = nn.Embedding(num_queries, embed_dim)
+        self.class_head = nn.Linear(embed_dim, num_classes + 1)
+        self.mask_head = nn.Sequential(
+            nn.Linear(embed_dim, embed_dim),
+            nn.GELU(),
+            nn.Linear(embed_dim, embed_dim),
+            nn.GELU(),
+            nn.Linear(embed_dim, embed_dim),
+        )
+        self.upscale = nn.ModuleList(ScaleBlock(embed_dim) for _ in range(num_upscale_blocks(patch_size)))
+        #: per joined block, the probability that a query's mask is applied; annealed from 1 to 0
+        #: in training (`mask_probability`), kept in checkpoints so that a resumed run continues it
+        self.register_buffer("attn_mask_probs", torch.ones(num_blocks))
+
+    @property
+    def mask_stride(self) -> int:
+        """Mask logits per token side: 2 ** (number of ScaleBlocks)."""
+        return 2 ** len(self.upscale)
+
+    def masks_in_block(self, block: int) -> bool:
+        """Whether joined block `block` (0 .. num_blocks - 1) attends through masks: in
+        training always (each query's mask then dropped with probability 1 - p, EoMT's
+        annealing), in evaluation while its annealing has not finished (p > 0; at p = 0
+        EoMT drops every mask, which is no mask; between, where EoMT drops at random, the
+        masks apply, so that evaluation is deterministic)."""
+        if not self.masked_attention:
+            return False
+        return self.training or bool(self.attn_mask_probs[block] > 0)
+
+    def predict(
+        self, x: torch.Tensor, grid: tuple[int, int], num_prefix: int, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Class and mask logits from tokens after the final norm.
+
+        Args:
+            x: [B, Q + P + h*w, D]: the queries, the P prefix tokens, the patch grid.
+            grid: (h, w).
+            num_prefix: P.
+            valid: [B, 1, h, w] bool, False on padding tokens (None: no padding).
+
+        Returns:
+            class logits [B, Q, K + 1] and mask logits [B, Q, s*h, s*w] (s = `mask_stride`).
+        """
+        b, _, d = x.shape
+        q = x[:, : self.num_queries]
+        patches = x[:, self.num_queries + num_prefix :].transpose(1, 2).reshape(b, d, *grid)
+        if valid is not None:
+            patches = patches * valid
+        for block in self.upscale:
+            if valid is not None:
+                valid = valid.repeat_interleave(2, -2).repeat_interleave(2, -1)
+            patches = block(patches, valid)
+        mask_logits = torch.einsum("bqc,bchw->bqhw", self.mask_head(q), patches)
+        return self.class_head(q), mask_logits
+
+    def attention_mask(
+        self,
+        mask_logits: torch.Tensor,
+        grid: tuple[int, int],
+        num_prefix: int,
+        keys: torch.Tensor | None,
+        block: int,
+    ) -> torch.Tensor:
+        """The attention mask of joined block `block`: [B, 1, T, T] bool (T = Q + P + h*w),
+        True where a query may attend a key.
+
+        Queries attend the prefix tokens, every query and the patches where their previous
+        mask logits, resized to the grid (bilinear), are positive; in training each query's
+        restriction is lifted with probability 1 - `attn_mask_probs[block]`. Prefix and patch
+        tokens attend every token. No token attends padding (`keys`: [B, Q + P + h*w] bool,
+        True on tokens that may be attended; None: no padding)."""
+        b, num_q = mask_logits.shape[:2]
+        t = num_q + num_prefix + grid[0] * grid[1]
+        inside = F.interpolate(mask_logits.detach(), grid, mode="bilinear") > 0  # [B, Q, h, w]
+        prob = self.attn_mask_probs[block]
+        if self.training and prob < 1:  # (no draw at 1: the random stream stays EoMT's)
+            lifted = torch.rand(b, num_q, device=mask_logits.device) > prob
+            inside = inside | lifted[:, :, None, None]
+        mask = torch.ones(b, t, t, dtype=torch.bool, device=mask_logits.device)
+        mask[:, :num_q, num_q + num_prefix :] = inside.flatten(2)
+        if keys is not None:
+            mask = mask & keys[:, None, :]
+        return mask[:, None]
+
+
+def padding_valid(image_sizes: ImageSizes, device: torch.device) -> torch.Tensor | None:
+    """[B, 1, h, w] bool, False on padding tokens, from the batch's sizes at the patch
+    stride; None when nothing is padded."""
+    if not image_sizes.has_padding:
+        return None
+    return ~image_sizes.mask(device)[:, None]
