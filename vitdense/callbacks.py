@@ -231,9 +231,10 @@ class ResultWriter(BasePredictionWriter):
         self.result_type = type(results[0])
         folder = self.files_path(self.result_type)
         for index, result in zip(indexes, results, strict=True):
+            name = output_name(dataset, index)
             if folder is not None:
-                result.write(folder, output_name(dataset, index), self.options)
-            self.rows += result.rows()
+                result.write(folder, name, self.options)
+            self.rows += result.rows(name)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.result_type is None:  # nothing was predicted (every image skipped): no table to write

@@ -155,3 +155,29 @@ def tile(images: Sequence[np.ndarray], columns: int, gap: int = 4) -> np.ndarray
     """Images in rows of `columns`."""
     rows = [hstack(images[i : i + columns], gap) for i in range(0, len(images), columns)]
     return vstack(rows, gap)
+
+
+def draw_segments(
+    image: np.ndarray, masks: np.ndarray, labels: Sequence[int], palette: np.ndarray, alpha: float = 0.5
+) -> np.ndarray:
+    """The image with each segment tinted by its class colour, instances of a class in
+    shades of it, and every segment's outline dark, so that touching instances stay apart.
+
+    image [H, W, 3] uint8 (resized to the masks' size if it differs); masks [n, H, W] bool
+    (instances may overlap: later ones are drawn over earlier ones); labels [n] classes.
+    """
+    size = masks.shape[1:] if len(masks) else image.shape[:2]
+    out = resize(image, tuple(size)).astype(np.float32)
+    seen: dict[int, int] = {}
+    for mask, label in zip(masks, labels, strict=True):
+        k = seen[label] = seen.get(label, -1) + 1
+        shade = 1.0 - 0.35 * ((k * 0.618) % 1.0)  # the golden ratio spreads the shades of many instances
+        colour = palette[label % len(palette)].astype(np.float32) * shade
+        out[mask] = (1 - alpha) * out[mask] + alpha * colour
+        inner = mask.copy()
+        inner[1:] &= mask[:-1]
+        inner[:-1] &= mask[1:]
+        inner[:, 1:] &= mask[:, :-1]
+        inner[:, :-1] &= mask[:, 1:]
+        out[mask & ~inner] *= 0.3
+    return out.round().astype(np.uint8)

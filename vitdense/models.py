@@ -27,7 +27,8 @@ from vitdense.backbone import VisionTransformer
 from vitdense.errors import ConfigError
 from vitdense.heads.eomt import padding_valid
 from vitdense.heads.linear_probe import probe_features
-from vitdense.sliding_windows import segment_image
+from vitdense.mask_inference import semantic_inference
+from vitdense.sliding_windows import segment_batch
 from vitdense.types import BoxTargets, DetectionOutput, ImageSizes, MaskClassOutput, Size, _ceil_div
 
 
@@ -172,26 +173,18 @@ class Segmenter(nn.Module):
         Returns:
             per image, logits [1, K, h, w] at its `out_sizes` entry.
         """
-        if image_sizes is None:
-            image_sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
-        out_sizes = out_sizes or image_sizes.sizes
-        out = []
-        for i, ((h, w), size) in enumerate(zip(image_sizes.sizes, out_sizes, strict=True)):
-            image = images[i : i + 1, :, :h, :w]
-            out.append(
-                segment_image(
-                    self,
-                    image,
-                    size,
-                    self.window,
-                    stride or self.window,
-                    self.num_classes,
-                    scales,
-                    flip,
-                    window_batch_size,
-                )
-            )
-        return out
+        return segment_batch(
+            self,
+            images,
+            image_sizes,
+            out_sizes,
+            self.window,
+            stride or self.window,
+            self.num_classes,
+            scales,
+            flip,
+            window_batch_size,
+        )
 
 
 #: how detections are read from the queries: DETR's one per query, or the best (query, class) pairs
@@ -437,3 +430,40 @@ class EoMT(nn.Module):
                 masks = F.interpolate(masks, size=tuple(size), mode="bilinear")
             out.append((output.class_logits[i].float(), masks[0]))
         return out
+
+    def semantic(self, images: torch.Tensor) -> torch.Tensor:
+        """Class scores [B, K, H, W] of unpadded images [B, 3, H, W]: per pixel, the sum over
+        queries of class probability (no object left out) times mask probability (EoMT's
+        and Mask2Former's semantic inference); what sliding windows average."""
+        output = self(images)
+        sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
+        return torch.stack([semantic_inference(c, m) for c, m in self.image_logits(output, sizes)])
+
+    @torch.no_grad()
+    def segment(
+        self,
+        images: torch.Tensor,
+        image_sizes: ImageSizes | None,
+        out_sizes: Sequence[Size] | None,
+        window: int,
+        stride: int,
+        window_batch_size: int = 4,
+    ) -> list[torch.Tensor]:
+        """Semantic scores of whole images in sliding windows of `window` every `stride`
+        pixels (EoMT's semantic evaluation): per image, [1, K, h, w] at its `out_sizes`
+        entry (default: its own size)."""
+        num_classes = self.head.class_head.out_features - 1
+        return segment_batch(
+            self.semantic, images, image_sizes, out_sizes, window, stride, num_classes, batch_size=window_batch_size
+        )
+
+    export_names: ClassVar[tuple[str, ...]] = ("class_probs", "mask_logits")
+
+    def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Class probabilities [1, Q, K + 1] (softmax, the last "no object") and mask logits
+        [1, Q, H, W] at the input's pixels: what semantic, instance and panoptic
+        post-processing (`vitdense.mask_inference`) start from."""
+        output = self(images)
+        h, w = images.shape[-2:]
+        masks = F.interpolate(output.mask_logits.float(), scale_factor=self.mask_stride, mode="bilinear")
+        return output.class_logits.float().softmax(-1), masks[..., :h, :w]

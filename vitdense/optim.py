@@ -49,7 +49,8 @@ class WarmupSchedule(LambdaLR):
         self.min_lr_ratio = min_lr_ratio
         # epochs in schedule units; unknown (warmup_epochs ignored) until `resolve`
         self._units_per_epoch: float | None = None
-        super().__init__(optimizer, self._factor)
+        # one factor per parameter group (the same for all but in `TwoStageWarmupPolyLR`)
+        super().__init__(optimizer, [partial(self._group_factor, bool(g.get("backbone"))) for g in optimizer.param_groups])
 
     @property
     def warmup(self) -> int:
@@ -68,13 +69,17 @@ class WarmupSchedule(LambdaLR):
         if self.warmup >= self.total_steps > 0:  # fine for a smoke test, a mistake for a recipe: say it
             rank_zero_warn(f"the warmup ({self.warmup}) is as long as the whole schedule ({self.total_steps})")
         # the constructor already set the rate of step 0 without knowing these
-        self._last_lr = [base * self._factor(self.last_epoch) for base in self.base_lrs]
+        self._last_lr = [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas, strict=True)]
         for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
             group["lr"] = lr
 
     def decay(self, progress: float) -> float:
         """Factor at `progress` in [0, 1] of the decay phase (1 at its start)."""
         raise NotImplementedError
+
+    def _group_factor(self, backbone: bool, step: int) -> float:
+        """Factor of a group of backbone (or other) parameters at `step`."""
+        return self._factor(step)
 
     def _factor(self, step: int) -> float:
         warmup = self.warmup
@@ -117,6 +122,46 @@ class WarmupPolyLR(WarmupSchedule):
 
     def decay(self, progress: float) -> float:
         return (1 - progress) ** self.power
+
+
+class TwoStageWarmupPolyLR(WarmupPolyLR):
+    """EoMT's two-stage warmup: for the first `warmup_steps` the backbone's rate is 0 (it is
+    frozen while the new head warms up linearly from 0), then the backbone warms up
+    linearly over `backbone_warmup_steps`; each then decays as `(1 - progress) ** power`
+    to the end of the run (EoMT: 500 and 1000 steps, power 0.9). The backbone's groups are
+    those `param_groups` marks (`"backbone": True`).
+
+    Args:
+        warmup_steps: steps of the head's warmup, with the backbone frozen.
+        backbone_warmup_steps: steps of the backbone's warmup after those.
+        power: exponent of the decay.
+        total_steps: the whole schedule (None: the trainer's).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        warmup_steps: int = 500,
+        backbone_warmup_steps: int = 1000,
+        power: float = 0.9,
+        total_steps: int | None = None,
+    ) -> None:
+        if backbone_warmup_steps < 0:
+            raise ConfigError(f"backbone_warmup_steps={backbone_warmup_steps}: must not be negative")
+        self.backbone_warmup_steps = backbone_warmup_steps
+        super().__init__(optimizer, power, warmup_steps, total_steps)
+
+    def _group_factor(self, backbone: bool, step: int) -> float:
+        # EoMT's factors: step / warmup (0 at step 0), then the decay counted from the warmup's end
+        start, warmup = (self.warmup, self.backbone_warmup_steps) if backbone else (0, self.warmup)
+        if step < start:
+            return 0.0
+        if step < start + warmup:
+            return (step - start) / warmup
+        if self.total_steps is None:
+            return 1.0
+        progress = max(0, step - start - warmup) / max(1, self.total_steps - start - warmup)
+        return max(0.0, 1 - progress) ** self.power
 
 
 class WarmupMultiStepLR(WarmupSchedule):
@@ -171,8 +216,10 @@ def param_groups(
     (layer-wise decay as in BEiT/MAE fine-tuning: 1 at the top, smaller towards the input);
     head parameters scale 1. Position embeddings, prefix tokens, norms and biases get
     `weight_decay = 0`; the others keep the optimizer's weight decay. Frozen parameters are left out.
+    Each group says whether it holds backbone parameters (`"backbone"`, for schedules that
+    treat them apart: `TwoStageWarmupPolyLR`).
     """
-    groups: dict[tuple[float, bool], dict] = {}
+    groups: dict[tuple[float, bool, bool], dict] = {}
     no_decay = backbone.no_weight_decay()
     named = [(f"backbone.{n}", p, n) for n, p in backbone.named_parameters()]
     named += [(f"head.{n}", p, None) for n, p in head.named_parameters()]
@@ -184,7 +231,10 @@ def param_groups(
             decay = bb_name not in no_decay
         else:
             scale, decay = 1.0, param.ndim > 1
-        group = groups.setdefault((scale, decay), {"params": [], "names": [], "lr_scale": scale})
+        backbone_param = bb_name is not None
+        group = groups.setdefault(
+            (scale, decay, backbone_param), {"params": [], "names": [], "lr_scale": scale, "backbone": backbone_param}
+        )
         if not decay:
             group["weight_decay"] = 0.0
         group["params"].append(param)

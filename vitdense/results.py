@@ -6,7 +6,8 @@ A result type (`Result`) declares, for its family:
     from_prediction(prediction, context)  the task's `predict_step` output -> one result per image
     to_dict()                             plain JSON (what `python -m vitdense serve` answers)
     write(folder, name, options)          the image's own files (`python -m vitdense predict`)
-    rows() / write_table(rows, path)      its lines in the run's table (CSV, COCO JSON), if any
+    rows(name) / write_table(rows, path)  its lines in the run's table (CSV, COCO JSON), if any
+                                          (`name`: its files' name, for tables that refer to them)
 
 and a task names its type (`BaseTask.result_type`); `vitdense.load`, `predict`'s writer
 (`vitdense.callbacks.ResultWriter`) and the server hold no list of task types. The export
@@ -103,7 +104,7 @@ class Result(Protocol):
 
     def write(self, folder: Path, name: str, options: WriteOptions) -> None: ...
 
-    def rows(self) -> list[dict[str, Any]]: ...
+    def rows(self, name: str | None = None) -> list[dict[str, Any]]: ...
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None: ...
@@ -128,7 +129,7 @@ class Origin:
     def write(self, folder: Path, name: str, options: WriteOptions) -> None:
         """No files of its own (a family with a table only)."""
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
         return []
 
     @classmethod
@@ -192,7 +193,7 @@ class ClassificationResult(Origin):
         top = [{"class": c, "name": n, "prob": p} for c, n, p in zip(self.classes, self.names, self.probs, strict=True)]
         return {"task": "classification", "size": list(self.size), "source": self.source, "top_k": top}
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
         """One CSV row: the image's index in its dataset, its file, then class_i, prob_i."""
         row: dict[str, Any] = {"index": self.index if self.index is not None else -1, "path": self.source or ""}
         for i, (name, prob) in enumerate(zip(self.names, self.probs, strict=True), 1):
@@ -376,7 +377,7 @@ class DetectionResult(Origin):
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(self.above(options.score_threshold).draw(image)).save(path)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
         """COCO results entries (what `COCO.loadRes` reads): `image_id`, the dataset's
         `category_id` (1..K without ids), `bbox` [x, y, width, height] pixels, `score`; and
         the image's `file_name` when it came from a folder."""

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from vitdense.types import ImageSizes
+
 Predict = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -82,3 +84,30 @@ def segment_image(
     if len(views) == 1:
         return views[0]
     return torch.stack([v.softmax(dim=1) for v in views]).mean(0).clamp_min(1e-12).log()
+
+
+@torch.no_grad()
+def segment_batch(
+    predict: Predict,
+    images: torch.Tensor,
+    image_sizes: ImageSizes | None,
+    out_sizes: Sequence[tuple[int, int]] | None,
+    window: int,
+    stride: int,
+    num_classes: int,
+    scales: Sequence[float] = (1.0,),
+    flip: bool = False,
+    batch_size: int = 4,
+) -> list[torch.Tensor]:
+    """`segment_image` for each image of a padded batch [B, 3, H, W] (its own part, as
+    `image_sizes` says; None: none is padded): per image, scores [1, K, h, w] at its
+    `out_sizes` entry (default: its own size)."""
+    if image_sizes is None:
+        image_sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
+    out_sizes = out_sizes or image_sizes.sizes
+    return [
+        segment_image(
+            predict, images[i : i + 1, :, :h, :w], tuple(size), window, stride, num_classes, scales, flip, batch_size
+        )
+        for i, ((h, w), size) in enumerate(zip(image_sizes.sizes, out_sizes, strict=True))
+    ]

@@ -417,3 +417,19 @@ class InstanceMasks(NamedTuple):
     masks: torch.Tensor
     labels: torch.Tensor
     scores: torch.Tensor
+
+
+class PanopticPrediction(NamedTuple):
+    """A batch's panoptic segmentations at each image's original size: index [B] (in its
+    dataset), and B `PanopticSegments`."""
+
+    index: torch.Tensor
+    segments: list[PanopticSegments]
+
+
+class InstancePrediction(NamedTuple):
+    """A batch's instances at each image's original size: index [B] (in its dataset), and
+    B `InstanceMasks`."""
+
+    index: torch.Tensor
+    instances: list[InstanceMasks]

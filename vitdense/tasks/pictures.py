@@ -9,7 +9,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vitdense.draw import GREEN, RED, blend, caption, display_size, draw_boxes, hstack, legend, resize, tile, vstack
+from vitdense.draw import (
+    GREEN,
+    RED,
+    blend,
+    caption,
+    display_size,
+    draw_boxes,
+    draw_segments,
+    hstack,
+    legend,
+    resize,
+    tile,
+    vstack,
+)
 from vitdense.pretrain import MaskedImageObjective, MaskedImageOutput, patchify, unpatchify
 
 
@@ -147,3 +160,28 @@ def _nearest(labels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     rows = (np.arange(size[0]) * labels.shape[0] / size[0]).astype(int)
     cols = (np.arange(size[1]) * labels.shape[1] / size[1]).astype(int)
     return labels[rows[:, None], cols[None, :]]
+
+
+def draw_panoptic(
+    image: np.ndarray,
+    truth: tuple[np.ndarray, Sequence[int]],
+    predicted: tuple[np.ndarray, Sequence[int]],
+    palette: np.ndarray,
+    class_names: Sequence[str],
+) -> np.ndarray:
+    """Image | ground-truth segments | predicted segments (panoptic segments or instances),
+    each tinted by class with outlines, with a legend of the classes in either.
+
+    image [h, w, 3] uint8; truth and predicted: (masks [n, H, W] bool, labels [n]) at the
+    image's original size.
+    """
+    size = display_size(truth[0].shape[1:] if len(truth[0]) else image.shape[:2])
+    shown = resize(image, size)
+    panels = [shown]
+    for masks, labels in (truth, predicted):
+        masks = np.stack([_nearest(m.astype(np.uint8), size) for m in masks]).astype(bool) if len(masks) else masks
+        panels.append(draw_segments(shown, masks if len(masks) else np.zeros((0, *size), bool), list(labels), palette))
+    titles = ("image", f"ground truth ({len(truth[1])})", f"prediction ({len(predicted[1])})")
+    row = hstack([caption(p, [(t, (0, 0, 0))]) for p, t in zip(panels, titles, strict=True)])
+    present = sorted({int(c) for c in [*truth[1], *predicted[1]]})
+    return vstack([row, legend([(class_names[c], palette[c]) for c in present], row.shape[1])])

@@ -1,0 +1,280 @@
+"""The results of universal segmentation (`vitdense.results`' contract): a panoptic
+segmentation or an image's instances, with COCO's file formats.
+
+    PanopticResult  segment ids [H, W] + segments   -> panoptic/<name>.png (COCO panoptic RGB ids), panoptic.json
+    InstanceResult  masks [k, H, W] + scores        -> instances.json (COCO results, RLE), drawn/<name>.jpg
+
+`panoptic.json` is the `annotations` file of COCO's panoptic format and `panoptic/` its
+PNG folder: panopticapi's `pq_compute(gt_json, "panoptic.json", gt_folder, "panoptic")`
+reads them as they are; `instances.json` is what `COCO.loadRes` reads for COCOeval(segm).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from PIL import Image
+from pycocotools import mask as mask_utils
+
+from vitdense.draw import default_palette, draw_segments
+from vitdense.panoptic import id2rgb
+from vitdense.results import Origin, ResultContext, Size, WriteOptions
+
+_logger = logging.getLogger(__name__)
+
+
+def encode_rle(mask: np.ndarray) -> dict[str, Any]:
+    """[H, W] bool -> COCO's compressed RLE with `counts` as text (JSON-ready)."""
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": [int(s) for s in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
+def mask_box(mask: np.ndarray) -> list[float]:
+    """COCO's bbox [x, y, width, height] of a [H, W] bool mask ([0, 0, 0, 0] if empty)."""
+    return [float(v) for v in mask_utils.toBbox(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8))))]
+
+
+def _category_ids(context_ids: list[int] | None, num_classes: int) -> list[int]:
+    return list(context_ids) if context_ids else list(range(1, num_classes + 1))
+
+
+@dataclass(frozen=True)
+class PanopticResult(Origin):
+    """One image's panoptic segmentation at its original size.
+
+    Attributes:
+        id_map: [H, W] int64 segment id of each pixel (0: no segment).
+        ids, labels, scores: per segment [n]: its id (> 0), class index 0..K-1, score.
+        class_names: names of the K classes.
+        category_ids: the dataset's id of each class (COCO's 1..200), or None (1..K).
+        palette: [K, 3] uint8 class colours.
+        (and `Origin`'s source, index, image_id, file_name)
+    """
+
+    table_name: ClassVar[str | None] = "panoptic.json"
+    files_folder: ClassVar[str | None] = "panoptic"
+
+    id_map: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+    scores: np.ndarray
+    class_names: list[str]
+    category_ids: list[int] | None = None
+    palette: np.ndarray | None = field(default=None, kw_only=True, repr=False)
+
+    @classmethod
+    def from_prediction(cls, prediction: Any, context: ResultContext) -> list[PanopticResult]:
+        """A `PanopticPrediction` (per image `PanopticSegments` at its original size) -> B results."""
+        names = list(context.class_names)
+        ids = context.labels.category_ids
+        palette = context.labels.colours(len(names))
+        return [
+            cls(
+                s.id_map.cpu().numpy(),
+                s.ids.cpu().numpy(),
+                s.labels.cpu().numpy(),
+                s.scores.float().cpu().numpy(),
+                names,
+                list(ids) if ids else None,
+                palette=palette,
+                **context.origin(i),
+            )
+            for i, s in enumerate(prediction.segments)
+        ]
+
+    @property
+    def size(self) -> Size:
+        return int(self.id_map.shape[0]), int(self.id_map.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def masks(self) -> np.ndarray:
+        """[n, H, W] bool, one per segment."""
+        return self.id_map[None] == self.ids[:, None, None]
+
+    def segments_info(self) -> list[dict[str, Any]]:
+        """COCO panoptic `segments_info`: id, the dataset's category_id, area, bbox, iscrowd
+        0, and the score (panopticapi ignores keys it does not know)."""
+        ids = _category_ids(self.category_ids, len(self.class_names))
+        return [
+            {
+                "id": int(i),
+                "category_id": ids[int(label)],
+                "area": int(mask.sum()),
+                "bbox": mask_box(mask),
+                "iscrowd": 0,
+                "score": float(score),
+            }
+            for i, label, score, mask in zip(self.ids, self.labels, self.scores, self.masks(), strict=True)
+        ]
+
+    def png(self) -> bytes:
+        """The segment ids as COCO panoptic's RGB PNG (id = R + 256 G + 256² B)."""
+        buffer = io.BytesIO()
+        Image.fromarray(id2rgb(self.id_map)).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def draw(self, image: np.ndarray | Image.Image, alpha: float = 0.5) -> np.ndarray:
+        """[H, W, 3] uint8: `image` with each segment tinted by class, instances in shades."""
+        pixels = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
+        palette = self.palette if self.palette is not None else default_palette(len(self.class_names))
+        return draw_segments(pixels, self.masks(), self.labels.tolist(), palette, alpha)
+
+    overlay = draw
+
+    def write(self, folder: Path, name: str, options: WriteOptions) -> None:
+        """`<name>.png`, the COCO panoptic PNG, and with `options.pictures` `<name>_overlay.jpg`."""
+        path = folder / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self.png())
+        if options.pictures:
+            image = self.picture_of_source()
+            if image is None:
+                _logger.warning("no image file for %s: overlay skipped", name)
+                return
+            Image.fromarray(self.draw(image, options.alpha)).save(folder / f"{name}_overlay.jpg")
+
+    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+        """The image's COCO panoptic annotation: image_id, file_name (its PNG under the
+        files folder), segments_info."""
+        png = f"{name}.png" if name is not None else None
+        return [{"image_id": self.image_id, "file_name": png, "segments_info": self.segments_info()}]
+
+    @classmethod
+    def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:
+        """COCO panoptic's JSON of predictions: {"annotations": [...]}."""
+        path.write_text(json.dumps({"annotations": rows}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Segments (id, class, name, category id, score, area, bbox) and the id map as
+        base64 COCO panoptic PNG."""
+        segments = [
+            {**info, "class": int(label), "name": self.class_names[int(label)]}
+            for info, label in zip(self.segments_info(), self.labels, strict=True)
+        ]
+        return {
+            "task": "panoptic",
+            "size": list(self.size),
+            "source": self.source,
+            "segments": segments,
+            "id_map_png": base64.b64encode(self.png()).decode("ascii"),
+        }
+
+
+@dataclass(frozen=True)
+class InstanceResult(Origin):
+    """One image's instances at its original size, best first.
+
+    Attributes:
+        masks: [k, H, W] bool.
+        scores: [k] float32.
+        labels: [k] int64 class indices 0..K-1.
+        class_names: names of the K classes.
+        category_ids: the dataset's id of each class (COCO's 1..90), or None (1..K).
+        palette: [K, 3] uint8 class colours.
+        (and `Origin`'s source, index, image_id, file_name)
+    """
+
+    table_name: ClassVar[str | None] = "instances.json"
+    files_folder: ClassVar[str | None] = "drawn"
+
+    masks: np.ndarray
+    scores: np.ndarray
+    labels: np.ndarray
+    class_names: list[str]
+    category_ids: list[int] | None = None
+    palette: np.ndarray | None = field(default=None, kw_only=True, repr=False)
+
+    @classmethod
+    def from_prediction(cls, prediction: Any, context: ResultContext) -> list[InstanceResult]:
+        """An `InstancePrediction` (per image `InstanceMasks` at its original size) -> B results."""
+        names = list(context.class_names)
+        ids = context.labels.category_ids
+        palette = context.labels.colours(len(names))
+        return [
+            cls(
+                found.masks.cpu().numpy(),
+                found.scores.float().cpu().numpy(),
+                found.labels.cpu().numpy(),
+                names,
+                list(ids) if ids else None,
+                palette=palette,
+                **context.origin(i),
+            )
+            for i, found in enumerate(prediction.instances)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    @property
+    def size(self) -> Size:
+        return int(self.masks.shape[1]), int(self.masks.shape[2])
+
+    def above(self, threshold: float) -> InstanceResult:
+        """The instances scoring at least `threshold`."""
+        keep = self.scores >= threshold
+        return replace(self, masks=self.masks[keep], scores=self.scores[keep], labels=self.labels[keep])
+
+    def draw(self, image: np.ndarray | Image.Image, alpha: float = 0.5) -> np.ndarray:
+        """[H, W, 3] uint8: `image` with each instance tinted by class (filter first with `above`)."""
+        pixels = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
+        palette = self.palette if self.palette is not None else default_palette(len(self.class_names))
+        # the best drawn last, on top
+        return draw_segments(pixels, self.masks[::-1], self.labels[::-1].tolist(), palette, alpha)
+
+    def write(self, folder: Path, name: str, options: WriteOptions) -> None:
+        """With `options.pictures`, `<name>.jpg`: the image with its instances from
+        `options.score_threshold` on."""
+        image = self.picture_of_source() if options.pictures else None
+        if image is None:
+            return
+        path = folder / f"{name}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(self.above(options.score_threshold).draw(image, options.alpha)).save(path)
+
+    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+        """COCO results entries (what `COCO.loadRes` reads): image_id, the dataset's
+        category_id, segmentation (compressed RLE), bbox, score; and the image's file_name
+        when it came from a folder."""
+        ids = _category_ids(self.category_ids, len(self.class_names))
+        named = {"file_name": self.file_name} if self.file_name is not None else {}
+        return [
+            {
+                "image_id": self.image_id,
+                "category_id": ids[int(label)],
+                "segmentation": encode_rle(mask),
+                "bbox": mask_box(mask),
+                "score": float(score),
+                **named,
+            }
+            for mask, score, label in zip(self.masks, self.scores, self.labels, strict=True)
+        ]
+
+    @classmethod
+    def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:
+        path.write_text(json.dumps(rows))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Instances (class, name, category id, score, bbox, RLE mask)."""
+        ids = _category_ids(self.category_ids, len(self.class_names))
+        instances = [
+            {
+                "class": int(label),
+                "name": self.class_names[int(label)],
+                "category_id": ids[int(label)],
+                "score": float(score),
+                "bbox": mask_box(mask),
+                "segmentation": encode_rle(mask),
+            }
+            for mask, score, label in zip(self.masks, self.scores, self.labels, strict=True)
+        ]
+        return {"task": "instance", "size": list(self.size), "source": self.source, "instances": instances}

@@ -1,0 +1,387 @@
+"""Universal segmentation, EoMT's way: one plain ViT with queries in its last blocks
+(`vitdense.models.EoMT`) for semantic, instance or panoptic segmentation, trained with
+Mask2Former's loss (`vitdense.losses.MaskSetCriterion`).
+
+What the task evaluates and predicts is its `segmentation`:
+
+    panoptic   PanopticImages (COCO panoptic) -> PQ, SQ, RQ (All, Things, Stuff)  -> panoptic PNG + JSON
+    instance   PanopticImages (COCO instances) -> mask AP (COCOeval's 12 stats)   -> COCO results JSON (RLE)
+    semantic   SegmentedImages (ADE20K, ...)   -> mIoU, sliding windows            -> label-map PNGs
+
+A panoptic run may also report the other two (`evaluate`), each from the same queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+from torchmetrics import MetricCollection
+
+from vitdense.backbone import VisionTransformer
+from vitdense.errors import ConfigError
+from vitdense.heads.eomt import EoMTHead
+from vitdense.losses import MaskSetCriterion
+from vitdense.mask_inference import instance_inference, panoptic_inference
+from vitdense.mask_results import InstanceResult, PanopticResult
+from vitdense.metrics import DetectionMeanAP, SegmentationMetrics
+from vitdense.models import EoMT
+from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.panoptic import PanopticQuality
+from vitdense.results import SegmentationResult
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.detection import MAP_KEYS, map_backend
+from vitdense.tasks.pictures import draw_panoptic
+from vitdense.types import (
+    InstancePrediction,
+    Losses,
+    MaskClassOutput,
+    PanopticImages,
+    PanopticPrediction,
+    SegmentationPrediction,
+    SegmentedImages,
+    SegmentTargets,
+    Size,
+)
+
+Segmentation = Literal["panoptic", "instance", "semantic"]
+
+#: EoMT's head: 200 queries (panoptic, instance; 100 for semantic) in the last 4 blocks (3 for 12-layer models)
+DEFAULT_EOMT_HEAD = partial(EoMTHead, num_queries=200, num_blocks=4)
+
+#: the loss from the number of classes K: `criterion(num_classes)`; default Mask2Former's settings
+CriterionFactory = Callable[[int], nn.Module]
+
+#: what each kind of evaluation logs, the first being the one checkpoints are chosen by
+LOGGED = {
+    "panoptic": ("PQ", "SQ", "RQ", "PQ_things", "SQ_things", "RQ_things", "PQ_stuff", "SQ_stuff", "RQ_stuff"),
+    "instance": MAP_KEYS,
+    "semantic": ("mIoU", "mAcc", "aAcc"),
+}
+
+
+def label_map_segments(label_map: torch.Tensor, num_classes: int, ignore_index: int = 255) -> SegmentTargets:
+    """A semantic label map [h, w] as segments: one mask per class present, in class order
+    (Mask2Former's and EoMT's semantic targets); `ignore_index` pixels are in none (void)."""
+    labels = torch.unique(label_map)
+    labels = labels[(labels != ignore_index) & (labels < num_classes)]
+    masks = label_map[None] == labels[:, None, None]
+    return SegmentTargets(masks, labels, torch.zeros(len(labels), dtype=torch.bool, device=label_map.device))
+
+
+def semantic_map(targets: SegmentTargets, ignore_index: int = 255) -> torch.Tensor:
+    """[H, W] int64 class of the segment under each pixel (crowd regions included, as
+    detectron2's panoptic-to-semantic conversion), `ignore_index` where none is."""
+    out = torch.full(targets.masks.shape[-2:], ignore_index, dtype=torch.int64, device=targets.masks.device)
+    for mask, label in zip(targets.masks, targets.labels, strict=True):
+        out[mask] = label
+    return out
+
+
+class UniversalSegmentationTask(BaseTask):
+    """Semantic, instance or panoptic segmentation with EoMT.
+
+    Training: the queries' class and mask logits of every joined block and the last are
+    matched to the image's segments and scored by `criterion` (Mask2Former's loss at each
+    block); each joined block's masked attention is annealed from applied (probability 1)
+    to lifted (0) between its `attn_mask_annealing_start_steps` and `_end_steps` (EoMT's
+    polynomial of power 0.9, staggered per block). Evaluation: the last block's prediction,
+    without masks once annealed, resized to each image's original size and post-processed
+    (`vitdense.mask_inference`) as EoMT does.
+
+    Logs `{stage}/loss` (and `loss_ce`, `loss_mask`, `loss_dice` per block), per epoch the
+    metrics of `evaluate` (`{stage}/PQ` ... for panoptic, `{stage}/map` ... for instance,
+    `{stage}/mIoU` ... for semantic), `train/attn_mask_prob_{i}` per step.
+
+    Args:
+        num_classes: K (linked from the DataModule).
+        is_thing: per class, whether it is a thing (countable instances) or stuff (linked
+            from panoptic DataModules; None: every class is a thing).
+        segmentation: what the task evaluates and predicts (see the module docstring).
+        evaluate: the evaluations of validation and test (default: `segmentation`'s own);
+            a panoptic model can also report mask AP and mIoU, e.g. [panoptic, instance, semantic].
+        head: `head(embed_dim, num_classes, patch_size)` -> an `EoMTHead` (default 200
+            queries in the last 4 blocks).
+        criterion: `criterion(num_classes)` -> the loss (default `MaskSetCriterion`,
+            Mask2Former's: class 2, mask 5, dice 5, no-object 0.1, 12,544 points).
+        attn_mask_annealing_start_steps, attn_mask_annealing_end_steps: per joined block,
+            the optimizer steps over which its masked attention is annealed away (None: the
+            masks apply throughout training and evaluation).
+        score_threshold, overlap_threshold: panoptic post-processing (EoMT: 0.8, 0.8).
+        top_k: instances kept per image (EoMT: 100).
+        ignore_index: unlabelled pixels of semantic label maps (linked from the DataModule).
+        window, stride: semantic evaluation's sliding windows (default: the backbone's
+            native size, without overlap).
+        window_batch_size: windows run at once.
+        (the rest: see `BaseTask`)
+    """
+
+    mode: ClassVar[Literal["min", "max"]] = "max"
+
+    def __init__(
+        self,
+        num_classes: int,
+        is_thing: list[bool] | None = None,
+        segmentation: Segmentation = "panoptic",
+        evaluate: list[Segmentation] | None = None,
+        class_names: list[str] | None = None,
+        head: HeadFactory = DEFAULT_EOMT_HEAD,
+        criterion: CriterionFactory | None = None,
+        attn_mask_annealing_start_steps: list[int] | None = None,
+        attn_mask_annealing_end_steps: list[int] | None = None,
+        score_threshold: float = 0.8,
+        overlap_threshold: float = 0.8,
+        top_k: int = 100,
+        ignore_index: int = 255,
+        window: int | None = None,
+        stride: int | None = None,
+        window_batch_size: int = 4,
+        backbone: BackboneConfig = DEFAULT_BACKBONE,
+        optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
+        lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
+        compile: bool | dict[str, Any] = False,
+    ) -> None:
+        if is_thing is not None and len(is_thing) != num_classes:
+            raise ConfigError(f"is_thing has {len(is_thing)} entries for {num_classes} classes")
+        self.segmentation = segmentation
+        self.evaluate = list(dict.fromkeys(evaluate or [segmentation]))
+        if segmentation == "semantic" and self.evaluate != ["semantic"]:
+            raise ConfigError("a semantic task evaluates mIoU only (its data has no instances): drop `evaluate`")
+        if segmentation == "panoptic" and is_thing is None:
+            raise ConfigError("panoptic segmentation needs is_thing (thing or stuff per class; linked from the data)")
+        self.is_thing = list(is_thing) if is_thing is not None else [True] * num_classes
+        self.ignore_index = ignore_index  # (read by configure_metrics, which the base calls)
+        super().__init__(
+            num_classes=num_classes,
+            head=head,
+            class_names=class_names,
+            backbone=backbone,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            lr_interval=lr_interval,
+            compile=compile,
+        )
+        starts, ends = attn_mask_annealing_start_steps, attn_mask_annealing_end_steps
+        if (starts is None) != (ends is None):
+            raise ConfigError("give both attn_mask_annealing_start_steps and attn_mask_annealing_end_steps, or neither")
+        if starts is not None:
+            blocks = self.model.head.num_blocks
+            if len(starts) != blocks or len(ends) != blocks:
+                raise ConfigError(
+                    f"attn_mask_annealing_start_steps / end_steps need one entry per joined block ({blocks}); "
+                    f"got {len(starts)} and {len(ends)}"
+                )
+            if bad := [(s, e) for s, e in zip(starts, ends, strict=True) if not 0 <= s < e]:
+                raise ConfigError(f"each annealing range needs 0 <= start < end steps; got {bad}")
+        self.annealing = list(zip(starts, ends, strict=True)) if starts is not None else None
+        self.score_threshold, self.overlap_threshold, self.top_k = score_threshold, overlap_threshold, top_k
+        self.window = window or self.backbone.img_size[0]
+        self.stride = stride or self.window
+        self.window_batch_size = window_batch_size
+        # the criterion shapes training only: a checkpoint restores with the default unless criterion= is given
+        self.hparams.pop("criterion", None)
+        self.criterion = (criterion or MaskSetCriterion)(num_classes)
+
+    # ------------------------------------------------------------------ building
+    @property
+    def monitor(self) -> str:  # type: ignore[override]
+        """The first evaluation's headline metric: val/PQ, val/map or val/mIoU."""
+        return f"val/{LOGGED[self.evaluate[0]][0]}"
+
+    @property
+    def result_type(self) -> type:  # type: ignore[override]
+        return {"panoptic": PanopticResult, "instance": InstanceResult, "semantic": SegmentationResult}[
+            self.segmentation
+        ]
+
+    def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
+        """`head(embed_dim, num_classes, patch_size)`: the mask resolution follows the patch."""
+        return head(backbone.embed_dim, self.num_classes, backbone.patch_size[0])
+
+    def build_model(self, backbone: VisionTransformer, head: nn.Module) -> EoMT:
+        return EoMT(backbone, head)
+
+    def configure_metrics(self) -> MetricCollection:
+        metrics: dict[str, Any] = {}
+        if "panoptic" in self.evaluate:
+            metrics["panoptic"] = PanopticQuality(self.num_classes, self.is_thing)
+        if "instance" in self.evaluate:
+            metrics["instance"] = DetectionMeanAP(
+                iou_type="segm", class_metrics=True, backend=map_backend(), compute_on_cpu=True
+            )
+        if "semantic" in self.evaluate:
+            metrics["semantic"] = SegmentationMetrics(self.num_classes, self.ignore_index)
+        return MetricCollection(metrics)
+
+    # ------------------------------------------------------------------ annealing
+    def mask_probability(self, block: int, step: int) -> float:
+        """Probability that joined block `block`'s masks apply at optimizer step `step`: 1
+        before its range, (1 - progress) ** 0.9 within, 0 after (EoMT's `mask_annealing`)."""
+        start, end = self.annealing[block]
+        if step < start:
+            return 1.0
+        if step >= end:
+            return 0.0
+        return (1.0 - (step - start) / (end - start)) ** 0.9
+
+    def anneal(self) -> None:
+        """Set each joined block's mask probability for the next step."""
+        if self.annealing is None:
+            return
+        probs = self.model.head.attn_mask_probs
+        for i in range(len(probs)):
+            probs[i] = self.mask_probability(i, self.global_step)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self.anneal()  # a resumed run continues where its step count is
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.anneal()
+        if self.annealing is not None:
+            for i, p in enumerate(self.model.head.attn_mask_probs.tolist()):
+                self.log(f"train/attn_mask_prob_{i}", p, on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------ the loop
+    def targets_of(self, batch: PanopticImages | SegmentedImages) -> Sequence[SegmentTargets]:
+        """The segments to learn, per image (a semantic batch's label maps become one segment
+        per class present)."""
+        if isinstance(batch, SegmentedImages):
+            return [
+                label_map_segments(batch.mask[i, :h, :w], self.num_classes, self.ignore_index)
+                for i, (h, w) in enumerate(batch.mask_sizes.sizes)
+            ]
+        return batch.targets
+
+    def forward_batch(self, batch: PanopticImages | SegmentedImages, stage: Stage) -> MaskClassOutput:
+        return self(batch.image, batch.image_sizes)
+
+    def compute_loss(self, output: MaskClassOutput, batch: PanopticImages | SegmentedImages, stage: Stage) -> Losses:
+        """Mask2Former's loss at every block in training; evaluation scores the last block's
+        prediction only (the one evaluated), so that its figure means the same before and
+        after annealing. A semantic evaluation batch keeps its label maps at the original
+        size: its loss is not computed (0)."""
+        if stage != "train":
+            output = output._replace(aux=())
+            if isinstance(batch, SegmentedImages):
+                return Losses(output.class_logits.new_zeros(()))
+        return self.criterion(output, self.targets_of(batch), batch.image_sizes)
+
+    def per_image(self, output: MaskClassOutput, batch: PanopticImages) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per image, class logits [Q, K + 1] and mask logits [Q, H0, W0] at its original size."""
+        return self.model.image_logits(output, batch.image_sizes, batch.orig_sizes)
+
+    def semantic_logits(self, batch: SegmentedImages) -> list[torch.Tensor]:
+        """Per image, class scores [1, K, h, w] at its label map's size, from sliding windows."""
+        return self.model.segment(
+            batch.image, batch.image_sizes, batch.mask_sizes.sizes, self.stride, self.window, self.window_batch_size
+        )
+
+    def update_metrics(
+        self, metrics: MetricCollection, output: MaskClassOutput, batch: PanopticImages | SegmentedImages, stage: Stage
+    ) -> None:
+        if isinstance(batch, SegmentedImages):
+            targets = [batch.mask[i, :h, :w] for i, (h, w) in enumerate(batch.mask_sizes.sizes)]
+            for scores, target in zip(self.semantic_logits(batch), targets, strict=True):
+                metrics["semantic"].update(scores[0].argmax(0)[None], target[None])
+            return
+        if any(t is None for t in batch.eval_targets):
+            raise ConfigError(f"the {stage} split carries no evaluation targets")
+        logits = self.per_image(output, batch)
+        if "panoptic" in metrics:
+            found = [self.panoptic(c, m) for c, m in logits]
+            metrics["panoptic"].update(found, batch.eval_targets)
+        if "instance" in metrics:
+            preds, targets = [], []
+            for (c, m), truth in zip(logits, batch.eval_targets, strict=True):
+                found = instance_inference(c, m, self.top_k)
+                preds.append({"masks": found.masks.cpu(), "scores": found.scores.cpu(), "labels": found.labels.cpu()})
+                area = truth.area if truth.area is not None else truth.masks.flatten(1).sum(1)
+                targets.append(
+                    {
+                        "masks": truth.masks.cpu(),
+                        "labels": truth.labels.cpu(),
+                        "iscrowd": truth.iscrowd.long().cpu(),
+                        "area": area.float().cpu(),
+                    }
+                )
+            metrics["instance"].update(preds, targets)
+        if "semantic" in metrics:
+            for (c, m), truth in zip(logits, batch.eval_targets, strict=True):
+                scores = self.model.semantic_scores(c, m)
+                metrics["semantic"].update(scores.argmax(0)[None], semantic_map(truth, self.ignore_index)[None])
+
+    def panoptic(self, class_logits: torch.Tensor, mask_logits: torch.Tensor):
+        return panoptic_inference(
+            class_logits,
+            mask_logits,
+            torch.tensor(self.is_thing, device=class_logits.device),
+            self.score_threshold,
+            self.overlap_threshold,
+        )
+
+    def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
+        keys = [k for kind in self.evaluate for k in LOGGED[kind]]
+        return {f"{stage}/{k}": result[f"{stage}/{k}"] for k in keys if f"{stage}/{k}" in result}
+
+    def format_table(self, result: dict[str, Any], stage: Stage) -> str:
+        """The headline figures, then per class PQ (panoptic) or IoU (semantic)."""
+        summary = "  ".join(f"{k} {100 * v.item():.2f}" for k, v in self.summarize(result, stage).items())
+        rows = [f"{stage} epoch {self.current_epoch}: {summary}"]
+        per_class = {"PQ": f"{stage}/PQ_per_class", "IoU": f"{stage}/IoU"}
+        for name, key in per_class.items():
+            if key in result:
+                rows.append(f"{'class':<24}{name:>8}")
+                for cls, value in zip(self.class_names, result[key].tolist(), strict=True):
+                    rows.append(f"{cls:<24}{100 * value:8.2f}")
+        return "\n".join(rows)
+
+    def draw_batch(self, batch: PanopticImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
+        """Per image: its ground-truth segments beside the predicted ones (panoptic or
+        instance), each segment in its class colour, at the image's original size."""
+        if isinstance(batch, SegmentedImages):
+            return []
+        logits = self.per_image(self.forward_batch(batch, "val"), batch)
+        pictures = []
+        for image, (c, m), truth in zip(pixels, logits, batch.eval_targets, strict=True):
+            if self.segmentation == "instance":
+                found = instance_inference(c, m, self.top_k)
+                keep = found.scores >= 0.5
+                masks, labels = found.masks[keep], found.labels[keep]
+            else:
+                found = self.panoptic(c, m)
+                masks = found.id_map[None] == found.ids[:, None, None]
+                labels = found.labels
+            pictures.append(
+                draw_panoptic(
+                    image,
+                    (truth.masks.cpu().numpy(), truth.labels.tolist()),
+                    (masks.cpu().numpy(), labels.tolist()),
+                    palette,
+                    self.class_names,
+                )
+            )
+        return pictures
+
+    # ------------------------------------------------------------------ prediction
+    def predict_sample(self, image: torch.Tensor, size: Size, index: int) -> PanopticImages | SegmentedImages:
+        """No segments; predictions are made at (H0, W0)."""
+        if self.segmentation == "semantic":
+            return SegmentedImages.unlabeled(image, size, index, self.ignore_index)
+        return PanopticImages.unlabeled(image, size, index)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
+            return None
+        if isinstance(batch, SegmentedImages):
+            return SegmentationPrediction(batch.index, [s[0].argmax(0) for s in self.semantic_logits(batch)])
+        logits = self.per_image(self(batch.image, batch.image_sizes), batch)
+        if self.segmentation == "instance":
+            return InstancePrediction(batch.index, [instance_inference(c, m, self.top_k) for c, m in logits])
+        return PanopticPrediction(batch.index, [self.panoptic(c, m) for c, m in logits])
