@@ -1,7 +1,10 @@
 """Detection losses (DETR's Hungarian matcher and set criterion, and the class terms they
-share: plain nn.Modules) and segmentation's per-pixel cross-entropy."""
+share: plain nn.Modules), mask classification's (Mask2Former's point-sampled matcher and set
+criterion) and segmentation's per-pixel cross-entropy."""
 
 from vitdense.losses.class_losses import ClassLoss, IoUAwareBCELoss, SigmoidFocalLoss, SoftmaxCrossEntropy
+from vitdense.losses.mask_criterion import MaskSetCriterion
+from vitdense.losses.mask_matcher import MaskHungarianMatcher, point_sample, sample_target_masks, uncertain_point_coords
 from vitdense.losses.matcher import HungarianMatcher
 from vitdense.losses.pixel_losses import pixel_cross_entropy
 from vitdense.losses.set_criterion import SetCriterion
@@ -10,8 +13,13 @@ __all__ = [
     "ClassLoss",
     "HungarianMatcher",
     "IoUAwareBCELoss",
+    "MaskHungarianMatcher",
+    "MaskSetCriterion",
     "SetCriterion",
     "SigmoidFocalLoss",
     "SoftmaxCrossEntropy",
     "pixel_cross_entropy",
+    "point_sample",
+    "sample_target_masks",
+    "uncertain_point_coords",
 ]
