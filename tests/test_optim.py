@@ -7,7 +7,7 @@ import torch
 
 from vitdense.backbone import VisionTransformer
 from vitdense.heads import ClassificationHead
-from vitdense.optim import WarmupCosineLR, WarmupMultiStepLR, param_groups
+from vitdense.optim import TwoStageWarmupPolyLR, WarmupCosineLR, WarmupMultiStepLR, param_groups
 
 
 def test_param_groups_decay_and_layer_scales():
@@ -58,3 +58,28 @@ def test_multistep_drops_at_epoch_milestones_after_warmup():
     assert lrs[4:20] == pytest.approx([1.0] * 16)
     assert lrs[20:25] == pytest.approx([0.1] * 5)  # epoch 2 starts at step 20
     assert lrs[25:] == pytest.approx([0.01] * 5)  # and the step milestone drops again
+
+
+def test_two_stage_warmup_is_eomts_schedule():
+    """EoMT's TwoStageWarmupPolySchedule (tue-mps/eomt, training/two_stage_warmup_poly_schedule.py)
+    with warmup_steps (2, 4), 16 steps, power 0.9: the head warms up while the backbone's rate
+    is 0, then the backbone warms up; each decays from the end of its own warmup. The numbers
+    are that class's for base rate 1."""
+    head = [0.0, 0.5, 1.0, 0.935478, 0.870458, 0.804893, 0.738728, 0.671898, 0.604318, 0.535887, 0.466467]
+    head += [0.395875, 0.323846, 0.249973, 0.173545, 0.093]
+    backbone = [0.0, 0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 0.909533, 0.818052, 0.725418, 0.631446, 0.535887, 0.438383]
+    backbone += [0.338383, 0.234924, 0.125893]
+    model = VisionTransformer(img_size=32, patch_size=16, embed_dim=16, depth=1, num_heads=2)
+    groups = param_groups(model, ClassificationHead(16, 3))
+    assert {g["backbone"] for g in groups} == {True, False}
+    opt = torch.optim.SGD(groups, lr=1.0)
+    schedule = TwoStageWarmupPolyLR(opt, warmup_steps=2, backbone_warmup_steps=4, total_steps=16)
+    seen = {True: [], False: []}
+    for _ in range(16):
+        for g in opt.param_groups:
+            seen[g["backbone"]].append(g["lr"])
+        opt.step()
+        schedule.step()
+    n = len([g for g in opt.param_groups if g["backbone"]])
+    assert seen[True][::n] == pytest.approx(backbone, abs=1e-6)
+    assert seen[False][:: len(opt.param_groups) - n] == pytest.approx(head, abs=1e-6)

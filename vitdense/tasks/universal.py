@@ -271,7 +271,13 @@ class UniversalSegmentationTask(BaseTask):
             output = output._replace(aux=())
             if isinstance(batch, SegmentedImages):
                 return Losses(output.class_logits.new_zeros(()))
-        return self.criterion(output, self.targets_of(batch), batch.image_sizes)
+        # the loss samples random points; evaluation draws them from the batch's first image, so
+        # that a checkpoint's evaluation loss is the same every time it is run
+        generator = None
+        if stage != "train":
+            generator = torch.Generator(output.mask_logits.device).manual_seed(int(batch.index[0]))
+        sizes = batch.image_sizes.at_stride(self.model.mask_stride)
+        return self.criterion(output, self.targets_of(batch), sizes, generator=generator)
 
     def per_image(self, output: MaskClassOutput, batch: PanopticImages) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image, class logits [Q, K + 1] and mask logits [Q, H0, W0] at its original size."""
