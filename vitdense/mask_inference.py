@@ -1,0 +1,152 @@
+"""Post-processing of mask classification (Mask2Former, EoMT): per-query class logits
+[Q, K + 1] (the last class "no object") and mask logits [Q, H, W] turned into a semantic
+score map, a panoptic segmentation or ranked instance masks.
+
+Each function is Mask2Former's (`semantic_inference`, `panoptic_inference`,
+`instance_inference` of `mask2former/maskformer_model.py`), which EoMT uses unchanged
+(`to_per_pixel_logits_semantic`, `to_per_pixel_preds_panoptic` and the instance eval step of
+tue-mps/eomt `training/`); the tests hold numbers computed with their own code. The mask
+logits are at the size the result is wanted (the caller resizes, unpads and stitches sliding
+windows first); the arithmetic is in float32 whatever the logits' dtype, as theirs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vitdense.types import InstanceMasks, PanopticSegments
+
+
+def semantic_inference(class_logits: torch.Tensor, mask_logits: torch.Tensor) -> torch.Tensor:
+    """Per-pixel class scores: sum over queries of P(class) x P(pixel in mask).
+
+    Args:
+        class_logits: [..., Q, K + 1], the last class "no object" (dropped after the softmax).
+        mask_logits: [..., Q, H, W] (leading dims as `class_logits`', e.g. a batch [B, ...]).
+
+    Returns:
+        [..., K, H, W] float32 scores (not normalised over classes; argmax gives the label map).
+    """
+    _check_pair(class_logits, mask_logits)
+    probs = class_logits.float().softmax(-1)[..., :-1]
+    return torch.einsum("...qc,...qhw->...chw", probs, mask_logits.float().sigmoid())
+
+
+@torch.no_grad()
+def panoptic_inference(
+    class_logits: torch.Tensor,
+    mask_logits: torch.Tensor,
+    is_thing: torch.Tensor | Sequence[bool],
+    score_threshold: float = 0.8,
+    overlap_threshold: float = 0.8,
+) -> PanopticSegments:
+    """One image's panoptic segmentation, as Mask2Former's `panoptic_inference`.
+
+    A query is kept when its best class is a real one (not "no object") with probability
+    above `score_threshold`. Each pixel goes to the kept query with the largest class
+    probability x mask probability; a query then keeps the pixels it won that its own mask
+    covers (probability >= 0.5), and is dropped when it won less than `overlap_threshold` of
+    its own mask's area (or nothing). Stuff queries of one class merge into one segment (the
+    first kept query of the class makes it); every thing query is a segment of its own.
+
+    Args:
+        class_logits: [Q, K + 1], the last class "no object".
+        mask_logits: [Q, H, W] at the output size.
+        is_thing: [K] bool (tensor or sequence), True for thing classes.
+        score_threshold: class probability a query must exceed (EoMT's `mask_thresh`).
+        overlap_threshold: share of its mask a query must win (EoMT's `overlap_thresh`).
+
+    Returns:
+        `PanopticSegments`: id_map [H, W] int64 (0: no segment), ids 1..n in the order of
+        the queries that made them, their labels, and as score the class probability of the
+        query that made each segment.
+    """
+    _check_pair(class_logits, mask_logits)
+    num_classes = class_logits.shape[-1] - 1
+    is_thing = torch.as_tensor(is_thing, dtype=torch.bool, device=mask_logits.device)
+    if is_thing.shape != (num_classes,):
+        raise ValueError(
+            f"panoptic_inference: is_thing has shape {tuple(is_thing.shape)}, expected ({num_classes},): one flag "
+            f"per class of class_logits [Q, K + 1] (without 'no object')"
+        )
+    device = mask_logits.device
+    scores, labels = class_logits.float().softmax(-1).max(-1)
+    keep = labels.ne(num_classes) & (scores > score_threshold)
+    scores, labels, probs = scores[keep], labels[keep], mask_logits[keep].float().sigmoid()  # [k], [k], [k, H, W]
+    empty = PanopticSegments(
+        torch.zeros(mask_logits.shape[-2:], dtype=torch.int64, device=device),
+        torch.zeros(0, dtype=torch.int64, device=device),
+        torch.zeros(0, dtype=torch.int64, device=device),
+        torch.zeros(0, device=device),
+    )
+    if len(labels) == 0:
+        return empty
+
+    winner = (scores[:, None, None] * probs).argmax(0)  # [H, W] (the first query on ties)
+    covered = probs >= 0.5  # [k, H, W]
+    won = winner == torch.arange(len(labels), device=device)[:, None, None]
+    won_area, own_area, final_area = won.sum((1, 2)), covered.sum((1, 2)), (won & covered).sum((1, 2))
+    # Mask2Former: `mask_area / original_area < overlap_threshold` -> dropped (float64 division there too)
+    ratio = won_area.double() / own_area.clamp(min=1).double()
+    kept = (won_area > 0) & (own_area > 0) & (final_area > 0) & (ratio >= overlap_threshold)
+
+    # the segment of each kept query: stuff queries of one class share their first one's
+    k = len(labels)
+    key = torch.where(is_thing[labels], num_classes + torch.arange(k, device=device), labels)
+    same = (key[:, None] == key[None, :]) & kept[None, :] & kept[:, None]  # [k, k]
+    first = torch.where(same.any(1), same.int().argmax(1), -1)  # first kept query with the same key
+    starts = kept & (first == torch.arange(k, device=device))
+    number = torch.cumsum(starts.long(), 0)  # segment id of each starting query
+    segment_of = torch.where(kept, number[first.clamp(min=0)], 0)  # [k]
+
+    own_pixel = covered.gather(0, winner[None])[0]  # the winner's mask covers the pixel
+    id_map = torch.where(own_pixel, segment_of[winner], 0)
+    n = int(starts.sum())
+    if n == 0:
+        return empty
+    return PanopticSegments(id_map, torch.arange(1, n + 1, device=device), labels[starts], scores[starts])
+
+
+@torch.no_grad()
+def instance_inference(class_logits: torch.Tensor, mask_logits: torch.Tensor, top_k: int = 100) -> InstanceMasks:
+    """One image's instances, as Mask2Former's `instance_inference`: the `top_k` best
+    (query, class) pairs of the Q x K class probabilities, each with its query's mask
+    (logit > 0) and the score P(class) x the mean mask probability inside the mask.
+
+    Args:
+        class_logits: [Q, K + 1], the last class "no object".
+        mask_logits: [Q, H, W] at the output size.
+        top_k: instances kept (all Q x K pairs when fewer); 100 for COCO.
+
+    Returns:
+        `InstanceMasks`, best first: masks [k, H, W] bool, labels [k], scores [k] float32.
+    """
+    _check_pair(class_logits, mask_logits)
+    num_queries, num_classes = class_logits.shape[0], class_logits.shape[-1] - 1
+    probs = class_logits.float().softmax(-1)[:, :-1]  # [Q, K]
+    top_scores, top = probs.flatten().topk(min(top_k, num_queries * num_classes))
+    labels = top % num_classes
+    logits = mask_logits[top // num_classes].float()  # [k, H, W]
+    masks = (logits > 0).float()
+    # Mask2Former's expression, op for op (its 1e-6 included)
+    mask_scores = (logits.sigmoid().flatten(1) * masks.flatten(1)).sum(1) / (masks.flatten(1).sum(1) + 1e-6)
+    scores = top_scores * mask_scores
+    order = scores.argsort(descending=True, stable=True)
+    return InstanceMasks(masks[order].bool(), labels[order], scores[order])
+
+
+def _check_pair(class_logits: torch.Tensor, mask_logits: torch.Tensor) -> None:
+    if class_logits.dim() < 2 or mask_logits.dim() != class_logits.dim() + 1:
+        raise ValueError(
+            f"class_logits [..., Q, K + 1] and mask_logits [..., Q, H, W] expected; got shapes "
+            f"{tuple(class_logits.shape)} and {tuple(mask_logits.shape)}"
+        )
+    if class_logits.shape[:-1] != mask_logits.shape[:-2]:
+        raise ValueError(
+            f"class_logits {tuple(class_logits.shape)} and mask_logits {tuple(mask_logits.shape)} disagree on the "
+            f"queries: [..., Q, K + 1] and [..., Q, H, W] with the same leading dims and Q"
+        )
+    if class_logits.shape[-1] < 2:
+        raise ValueError(f"class_logits needs K + 1 >= 2 classes (the last is 'no object'); got {class_logits.shape}")
