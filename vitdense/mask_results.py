@@ -24,25 +24,16 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from vitdense.draw import default_palette, draw_segments
-from vitdense.panoptic import id2rgb
+from vitdense.panoptic import instance_results, panoptic_png
 from vitdense.results import Origin, ResultContext, Size, WriteOptions
+from vitdense.types import InstanceMasks, PanopticSegments
 
 _logger = logging.getLogger(__name__)
-
-
-def encode_rle(mask: np.ndarray) -> dict[str, Any]:
-    """[H, W] bool -> COCO's compressed RLE with `counts` as text (JSON-ready)."""
-    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
-    return {"size": [int(s) for s in rle["size"]], "counts": rle["counts"].decode("ascii")}
 
 
 def mask_box(mask: np.ndarray) -> list[float]:
     """COCO's bbox [x, y, width, height] of a [H, W] bool mask ([0, 0, 0, 0] if empty)."""
     return [float(v) for v in mask_utils.toBbox(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8))))]
-
-
-def _category_ids(context_ids: list[int] | None, num_classes: int) -> list[int]:
-    return list(context_ids) if context_ids else list(range(1, num_classes + 1))
 
 
 @dataclass(frozen=True)
@@ -100,26 +91,22 @@ class PanopticResult(Origin):
         """[n, H, W] bool, one per segment."""
         return self.id_map[None] == self.ids[:, None, None]
 
+    def segments(self) -> PanopticSegments:
+        return PanopticSegments(self.id_map, self.ids, self.labels, self.scores)
+
     def segments_info(self) -> list[dict[str, Any]]:
-        """COCO panoptic `segments_info`: id, the dataset's category_id, area, bbox, iscrowd
-        0, and the score (panopticapi ignores keys it does not know)."""
-        ids = _category_ids(self.category_ids, len(self.class_names))
-        return [
-            {
-                "id": int(i),
-                "category_id": ids[int(label)],
-                "area": int(mask.sum()),
-                "bbox": mask_box(mask),
-                "iscrowd": 0,
-                "score": float(score),
-            }
-            for i, label, score, mask in zip(self.ids, self.labels, self.scores, self.masks(), strict=True)
-        ]
+        """COCO panoptic `segments_info` (`vitdense.panoptic.panoptic_png`): id, the
+        dataset's category_id, area, and here also bbox and score (panopticapi ignores keys
+        it does not know)."""
+        _, info = panoptic_png(self.segments(), None, self.category_ids)
+        scores = dict(zip(self.ids.tolist(), self.scores.tolist(), strict=True))
+        masks = {int(i): m for i, m in zip(self.ids, self.masks(), strict=True)}
+        return [{**s, "iscrowd": 0, "bbox": mask_box(masks[s["id"]]), "score": scores[s["id"]]} for s in info]
 
     def png(self) -> bytes:
         """The segment ids as COCO panoptic's RGB PNG (id = R + 256 G + 256² B)."""
         buffer = io.BytesIO()
-        Image.fromarray(id2rgb(self.id_map)).save(buffer, format="PNG")
+        Image.fromarray(panoptic_png(self.segments(), None, self.category_ids)[0]).save(buffer, format="PNG")
         return buffer.getvalue()
 
     def draw(self, image: np.ndarray | Image.Image, alpha: float = 0.5) -> np.ndarray:
@@ -219,6 +206,9 @@ class InstanceResult(Origin):
     def size(self) -> Size:
         return int(self.masks.shape[1]), int(self.masks.shape[2])
 
+    def instances(self) -> InstanceMasks:
+        return InstanceMasks(self.masks, self.labels, self.scores)
+
     def above(self, threshold: float) -> InstanceResult:
         """The instances scoring at least `threshold`."""
         keep = self.scores >= threshold
@@ -245,19 +235,9 @@ class InstanceResult(Origin):
         """COCO results entries (what `COCO.loadRes` reads): image_id, the dataset's
         category_id, segmentation (compressed RLE), bbox, score; and the image's file_name
         when it came from a folder."""
-        ids = _category_ids(self.category_ids, len(self.class_names))
         named = {"file_name": self.file_name} if self.file_name is not None else {}
-        return [
-            {
-                "image_id": self.image_id,
-                "category_id": ids[int(label)],
-                "segmentation": encode_rle(mask),
-                "bbox": mask_box(mask),
-                "score": float(score),
-                **named,
-            }
-            for mask, score, label in zip(self.masks, self.scores, self.labels, strict=True)
-        ]
+        rows = instance_results(self.instances(), self.image_id, self.category_ids)
+        return [{**row, "bbox": mask_box(mask), **named} for row, mask in zip(rows, self.masks, strict=True)]
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:
@@ -265,16 +245,13 @@ class InstanceResult(Origin):
 
     def to_dict(self) -> dict[str, Any]:
         """Instances (class, name, category id, score, bbox, RLE mask)."""
-        ids = _category_ids(self.category_ids, len(self.class_names))
         instances = [
-            {
-                "class": int(label),
-                "name": self.class_names[int(label)],
-                "category_id": ids[int(label)],
-                "score": float(score),
-                "bbox": mask_box(mask),
-                "segmentation": encode_rle(mask),
-            }
-            for mask, score, label in zip(self.masks, self.scores, self.labels, strict=True)
+            {**row, "class": int(label), "name": self.class_names[int(label)], "bbox": mask_box(mask)}
+            for row, label, mask in zip(
+                instance_results(self.instances(), self.image_id, self.category_ids),
+                self.labels,
+                self.masks,
+                strict=True,
+            )
         ]
         return {"task": "instance", "size": list(self.size), "source": self.source, "instances": instances}

@@ -220,10 +220,12 @@ class DetectionMeanAP(MeanAveragePrecision):
         group = process_group or self.process_group
         world = dist.get_world_size(group)
         for attr in self._reductions:
-            local = [t.cpu() for t in getattr(self, attr)]
+            # (segm states hold the masks' RLE as tuples, which stay as they are)
+            local = [t.cpu() if isinstance(t, torch.Tensor) else t for t in getattr(self, attr)]
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, local, group=group)
-            setattr(self, attr, [t.to(self.device) for part in gathered for t in part])
+            merged = [t for part in gathered for t in part]
+            setattr(self, attr, [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in merged])
 
 
 def _mean_of_valid(values: torch.Tensor) -> torch.Tensor:

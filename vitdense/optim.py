@@ -50,7 +50,9 @@ class WarmupSchedule(LambdaLR):
         # epochs in schedule units; unknown (warmup_epochs ignored) until `resolve`
         self._units_per_epoch: float | None = None
         # one factor per parameter group (the same for all but in `TwoStageWarmupPolyLR`)
-        super().__init__(optimizer, [partial(self._group_factor, bool(g.get("backbone"))) for g in optimizer.param_groups])
+        super().__init__(
+            optimizer, [partial(self._group_factor, bool(g.get("backbone"))) for g in optimizer.param_groups]
+        )
 
     @property
     def warmup(self) -> int:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from pycocotools import mask as mask_utils
 
 from vitdense.types import InstanceMasks, PanopticSegments
@@ -35,6 +36,15 @@ def id2rgb(ids: np.ndarray) -> np.ndarray:
     return np.stack([ids % 256, ids // 256 % 256, ids // 65536], axis=-1).astype(np.uint8)
 
 
+def _numpy(values: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A tensor's values as NumPy (fp32 for reduced-precision floats), or the array as it is:
+    predictions arrive as tensors, results (`vitdense.mask_results`) hold arrays."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu()
+        return (values.float() if values.is_floating_point() else values).numpy()
+    return np.asarray(values)
+
+
 def category_id(label: int, category_ids: Sequence[int] | None) -> int:
     """The dataset's category id of contiguous class `label` (label + 1 without ids)."""
     if category_ids is None:
@@ -45,13 +55,13 @@ def category_id(label: int, category_ids: Sequence[int] | None) -> int:
 
 
 def panoptic_png(
-    segments: PanopticSegments, is_thing: Sequence[bool], category_ids: Sequence[int] | None = None
+    segments: PanopticSegments, is_thing: Sequence[bool] | None, category_ids: Sequence[int] | None = None
 ) -> tuple[np.ndarray, list[dict[str, Any]]]:
     """One image's panoptic prediction as COCO panoptic files hold it.
 
     Args:
         segments: the prediction (`PanopticSegments`, contiguous labels).
-        is_thing: K flags, True for thing classes.
+        is_thing: K flags, True for thing classes (None: no `isthing` key).
         category_ids: the dataset's category id of each class (None: label + 1).
 
     Returns:
@@ -59,8 +69,8 @@ def panoptic_png(
         that covers a pixel, in `ids` order, {"id", "category_id", "isthing", "area"} (area in
         pixels); a listed segment without pixels is left out, as panopticapi refuses it).
     """
-    id_map = segments.id_map.cpu().numpy()
-    ids, labels = segments.ids.cpu().tolist(), segments.labels.cpu().tolist()
+    id_map = _numpy(segments.id_map)
+    ids, labels = _numpy(segments.ids).tolist(), _numpy(segments.labels).tolist()
     if len(ids) != len(labels):
         raise ValueError(f"PanopticSegments has {len(ids)} ids for {len(labels)} labels")
     present, counts = np.unique(id_map, return_counts=True)
@@ -71,8 +81,8 @@ def panoptic_png(
         {
             "id": int(i),
             "category_id": category_id(label, category_ids),
-            "isthing": int(bool(is_thing[label])),
             "area": int(area[i]),
+            **({"isthing": int(bool(is_thing[label]))} if is_thing is not None else {}),
         }
         for i, label in zip(ids, labels, strict=True)
         if area.get(i, 0) > 0
@@ -92,7 +102,7 @@ def instance_results(
         image_id: the image's id in the dataset.
         category_ids: the dataset's category id of each class (None: label + 1).
     """
-    masks = instances.masks.cpu().numpy()
+    masks = _numpy(instances.masks)
     if masks.ndim != 3:
         raise ValueError(f"InstanceMasks.masks must be [k, H, W]; got shape {masks.shape}")
     rles = mask_utils.encode(np.asfortranarray(masks.transpose(1, 2, 0).astype(np.uint8))) if len(masks) else []
@@ -104,6 +114,6 @@ def instance_results(
             "score": score,
         }
         for rle, label, score in zip(
-            rles, instances.labels.cpu().tolist(), instances.scores.float().cpu().tolist(), strict=True
+            rles, _numpy(instances.labels).tolist(), _numpy(instances.scores).astype(float).tolist(), strict=True
         )
     ]

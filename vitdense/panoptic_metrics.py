@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from torchmetrics import Metric
 
 from vitdense.errors import ConfigError
@@ -254,8 +253,8 @@ class InstanceMeanAP(DetectionMeanAP):
     predictions. `update` gives such an image with predictions an empty crowd region of a
     predicted class: the image is then evaluated, and the region, an ignored ground truth
     that no prediction overlaps, changes no count. The rest is `DetectionMeanAP`'s (COCO's
-    float64 thresholds; gt `area` the annotation's, as COCOeval reads it), whose per-image
-    list gathering also carries the masks' RLE tuples here.
+    float64 thresholds; gt `area` the annotation's, as COCOeval reads it; per-image lists
+    gathered whole across processes, the masks' RLE tuples included).
 
     Args: `backend`, `class_metrics` and torchmetrics' `Metric` options, as `DetectionMeanAP`'s.
     """
@@ -274,17 +273,6 @@ class InstanceMeanAP(DetectionMeanAP):
         """Add images: `preds[i]` at the size of `targets[i]` (the annotation's)."""
         tm_preds, tm_targets = instance_ap_inputs(preds, targets)
         super().update(tm_preds, tm_targets)
-
-    def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
-        # DetectionMeanAP's whole-list gathering, with the RLE tuples of the masks kept as they are
-        group = process_group or self.process_group
-        world = dist.get_world_size(group)
-        for attr in self._reductions:
-            local = [t.cpu() if isinstance(t, torch.Tensor) else t for t in getattr(self, attr)]
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, local, group=group)
-            merged = [t for part in gathered for t in part]
-            setattr(self, attr, [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in merged])
 
 
 def instance_ap_inputs(

@@ -27,12 +27,12 @@ from vitdense.backbone import VisionTransformer
 from vitdense.errors import ConfigError
 from vitdense.heads.eomt import EoMTHead
 from vitdense.losses import MaskSetCriterion
-from vitdense.mask_inference import instance_inference, panoptic_inference
+from vitdense.mask_inference import instance_inference, panoptic_inference, semantic_inference
 from vitdense.mask_results import InstanceResult, PanopticResult
-from vitdense.metrics import DetectionMeanAP, SegmentationMetrics
+from vitdense.metrics import SegmentationMetrics
 from vitdense.models import EoMT
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.panoptic import PanopticQuality
+from vitdense.panoptic_metrics import PQ_KEYS, InstanceMeanAP, PanopticQuality
 from vitdense.results import SegmentationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.detection import MAP_KEYS, map_backend
@@ -59,7 +59,7 @@ CriterionFactory = Callable[[int], nn.Module]
 
 #: what each kind of evaluation logs, the first being the one checkpoints are chosen by
 LOGGED = {
-    "panoptic": ("PQ", "SQ", "RQ", "PQ_things", "SQ_things", "RQ_things", "PQ_stuff", "SQ_stuff", "RQ_stuff"),
+    "panoptic": PQ_KEYS,
     "instance": MAP_KEYS,
     "semantic": ("mIoU", "mAcc", "aAcc"),
 }
@@ -212,9 +212,7 @@ class UniversalSegmentationTask(BaseTask):
         if "panoptic" in self.evaluate:
             metrics["panoptic"] = PanopticQuality(self.num_classes, self.is_thing)
         if "instance" in self.evaluate:
-            metrics["instance"] = DetectionMeanAP(
-                iou_type="segm", class_metrics=True, backend=map_backend(), compute_on_cpu=True
-            )
+            metrics["instance"] = InstanceMeanAP(class_metrics=True, backend=map_backend(), compute_on_cpu=True)
         if "semantic" in self.evaluate:
             metrics["semantic"] = SegmentationMetrics(self.num_classes, self.ignore_index)
         return MetricCollection(metrics)
@@ -304,23 +302,11 @@ class UniversalSegmentationTask(BaseTask):
             found = [self.panoptic(c, m) for c, m in logits]
             metrics["panoptic"].update(found, batch.eval_targets)
         if "instance" in metrics:
-            preds, targets = [], []
-            for (c, m), truth in zip(logits, batch.eval_targets, strict=True):
-                found = instance_inference(c, m, self.top_k)
-                preds.append({"masks": found.masks.cpu(), "scores": found.scores.cpu(), "labels": found.labels.cpu()})
-                area = truth.area if truth.area is not None else truth.masks.flatten(1).sum(1)
-                targets.append(
-                    {
-                        "masks": truth.masks.cpu(),
-                        "labels": truth.labels.cpu(),
-                        "iscrowd": truth.iscrowd.long().cpu(),
-                        "area": area.float().cpu(),
-                    }
-                )
-            metrics["instance"].update(preds, targets)
+            found = [instance_inference(c, m, self.top_k) for c, m in logits]
+            metrics["instance"].update(found, batch.eval_targets)
         if "semantic" in metrics:
             for (c, m), truth in zip(logits, batch.eval_targets, strict=True):
-                scores = self.model.semantic_scores(c, m)
+                scores = semantic_inference(c, m)
                 metrics["semantic"].update(scores.argmax(0)[None], semantic_map(truth, self.ignore_index)[None])
 
     def panoptic(self, class_logits: torch.Tensor, mask_logits: torch.Tensor):
