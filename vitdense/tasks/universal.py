@@ -34,7 +34,7 @@ from vitdense.models import EoMT
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.panoptic_metrics import PQ_KEYS, InstanceMeanAP, PanopticQuality
 from vitdense.results import SegmentationResult
-from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.detection import MAP_KEYS, map_backend
 from vitdense.tasks.pictures import draw_panoptic
 from vitdense.types import (
@@ -100,8 +100,9 @@ class UniversalSegmentationTask(BaseTask):
 
     Args:
         num_classes: K (linked from the DataModule).
-        is_thing: per class, whether it is a thing (countable instances) or stuff (linked
-            from panoptic DataModules; None: every class is a thing).
+        is_thing: per class, whether it is a thing (countable instances) or stuff (None:
+            read off the DataModule's `is_thing` when training or evaluating starts;
+            a DataModule without one has things only).
         segmentation: what the task evaluates and predicts (see the module docstring).
         evaluate: the evaluations of validation and test (default: `segmentation`'s own);
             a panoptic model can also report mask AP and mIoU, e.g. [panoptic, instance, semantic].
@@ -153,9 +154,8 @@ class UniversalSegmentationTask(BaseTask):
         self.evaluate = list(dict.fromkeys(evaluate or [segmentation]))
         if segmentation == "semantic" and self.evaluate != ["semantic"]:
             raise ConfigError("a semantic task evaluates mIoU only (its data has no instances): drop `evaluate`")
-        if segmentation == "panoptic" and is_thing is None:
-            raise ConfigError("panoptic segmentation needs is_thing (thing or stuff per class; linked from the data)")
-        self.is_thing = list(is_thing) if is_thing is not None else [True] * num_classes
+        #: per class, thing (True) or stuff; None until known (`setup` reads it off the data)
+        self.is_thing = list(is_thing) if is_thing is not None else None
         self.ignore_index = ignore_index  # (read by configure_metrics, which the base calls)
         super().__init__(
             num_classes=num_classes,
@@ -209,13 +209,35 @@ class UniversalSegmentationTask(BaseTask):
 
     def configure_metrics(self) -> MetricCollection:
         metrics: dict[str, Any] = {}
-        if "panoptic" in self.evaluate:
+        if "panoptic" in self.evaluate and self.is_thing is not None:  # (else built in `setup`)
             metrics["panoptic"] = PanopticQuality(self.num_classes, self.is_thing)
         if "instance" in self.evaluate:
-            metrics["instance"] = InstanceMeanAP(class_metrics=True, backend=map_backend(), compute_on_cpu=True)
+            # (no compute_on_cpu: the states are the masks' RLE, on the CPU already, which torchmetrics cannot move)
+            metrics["instance"] = InstanceMeanAP(class_metrics=True, backend=map_backend())
         if "semantic" in self.evaluate:
             metrics["semantic"] = SegmentationMetrics(self.num_classes, self.ignore_index)
         return MetricCollection(metrics)
+
+    def setup(self, stage: str) -> None:
+        """Things and stuff from the data when the task was not told (`is_thing` of a
+        panoptic DataModule): recorded in the hyperparameters, so that checkpoints keep it;
+        instance data without it has things only."""
+        super().setup(stage)
+        if self.is_thing is not None:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        found = getattr(datamodule, "is_thing", None)
+        if found is None and "panoptic" in self.evaluate + [self.segmentation]:
+            raise ConfigError(
+                "panoptic segmentation needs to know which classes are things: give model.init_args.is_thing, "
+                "or use a DataModule with is_thing (CocoPanopticDataModule)"
+            )
+        self.is_thing = list(found) if found is not None else [True] * self.num_classes
+        if len(self.is_thing) != self.num_classes:
+            raise ConfigError(f"the data's is_thing has {len(self.is_thing)} entries for {self.num_classes} classes")
+        self.hparams["is_thing"] = self.is_thing
+        metrics = self.configure_metrics()
+        self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
 
     # ------------------------------------------------------------------ annealing
     def mask_probability(self, block: int, step: int) -> float:
@@ -313,7 +335,7 @@ class UniversalSegmentationTask(BaseTask):
         return panoptic_inference(
             class_logits,
             mask_logits,
-            torch.tensor(self.is_thing, device=class_logits.device),
+            torch.tensor(self.is_thing or [True] * self.num_classes, device=class_logits.device),
             self.score_threshold,
             self.overlap_threshold,
         )
@@ -324,7 +346,9 @@ class UniversalSegmentationTask(BaseTask):
 
     def format_table(self, result: dict[str, Any], stage: Stage) -> str:
         """The headline figures, then per class PQ (panoptic) or IoU (semantic)."""
-        summary = "  ".join(f"{k} {100 * v.item():.2f}" for k, v in self.summarize(result, stage).items())
+        summary = "  ".join(
+            f"{k.split('/', 1)[1]} {100 * v.item():.2f}" for k, v in self.summarize(result, stage).items()
+        )
         rows = [f"{stage} epoch {self.current_epoch}: {summary}"]
         per_class = {"PQ": f"{stage}/PQ_per_class", "IoU": f"{stage}/IoU"}
         for name, key in per_class.items():
