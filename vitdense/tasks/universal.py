@@ -38,8 +38,10 @@ from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTa
 from vitdense.tasks.detection import MAP_KEYS, map_backend
 from vitdense.tasks.pictures import draw_panoptic
 from vitdense.types import (
+    ImageSizes,
     InstancePrediction,
     Losses,
+    LossSum,
     MaskClassOutput,
     PanopticImages,
     PanopticPrediction,
@@ -72,6 +74,18 @@ def label_map_segments(label_map: torch.Tensor, num_classes: int, ignore_index: 
     labels = labels[(labels != ignore_index) & (labels < num_classes)]
     masks = label_map[None] == labels[:, None, None]
     return SegmentTargets(masks, labels, torch.zeros(len(labels), dtype=torch.bool, device=label_map.device))
+
+
+def sum_losses(losses: Sequence[Losses]) -> Losses:
+    """Several images' evaluation `Losses` as one batch's: the totals and terms averaged over
+    the images, the `sums` added (numerators and denominators)."""
+    n = len(losses)
+    terms = {k: sum(x.terms[k] for x in losses) / n for k in losses[0].terms}
+    sums = {
+        k: LossSum(sum(x.sums[k].numerator for x in losses), sum(x.sums[k].denominator for x in losses))
+        for k in losses[0].sums
+    }
+    return Losses(sum(x.total for x in losses) / n, terms, sums)
 
 
 def semantic_map(targets: SegmentTargets, ignore_index: int = 255) -> torch.Tensor:
@@ -283,21 +297,28 @@ class UniversalSegmentationTask(BaseTask):
         return self(batch.image, batch.image_sizes)
 
     def compute_loss(self, output: MaskClassOutput, batch: PanopticImages | SegmentedImages, stage: Stage) -> Losses:
-        """Mask2Former's loss at every block in training; evaluation scores the last block's
-        prediction only (the one evaluated), so that its figure means the same before and
-        after annealing. A semantic evaluation batch keeps its label maps at the original
-        size: its loss is not computed (0)."""
-        if stage != "train":
-            output = output._replace(aux=())
-            if isinstance(batch, SegmentedImages):
-                return Losses(output.class_logits.new_zeros(()))
-        # the loss samples random points; evaluation draws them from the batch's first image, so
-        # that a checkpoint's evaluation loss is the same every time it is run
-        generator = None
-        if stage != "train":
-            generator = torch.Generator(output.mask_logits.device).manual_seed(int(batch.index[0]))
+        """Mask2Former's loss at every block in training. Evaluation scores the last block's
+        prediction only (the one evaluated, so that the figure means the same before and
+        after annealing), image by image as if each ran alone, with the loss's random points
+        drawn from the image's index in its dataset: the split's figure is then the same for
+        any batch size and number of processes. A semantic evaluation batch keeps its label
+        maps at the original size: its loss is not computed (0)."""
         sizes = batch.image_sizes.at_stride(self.model.mask_stride)
-        return self.criterion(output, self.targets_of(batch), sizes, generator=generator)
+        if stage == "train":
+            return self.criterion(output, self.targets_of(batch), sizes)
+        if isinstance(batch, SegmentedImages):
+            return Losses(output.class_logits.new_zeros(()))
+        return sum_losses([self.image_loss(output, batch, i) for i in range(len(batch.targets))])
+
+    def image_loss(self, output: MaskClassOutput, batch: PanopticImages, i: int) -> Losses:
+        """Image `i`'s evaluation loss: its own part of the mask grid, its own points."""
+        h, w = batch.image_sizes.sizes[i]
+        patch, stride = self.backbone.patch_size, self.model.mask_stride
+        rows, cols = -(-h // patch[0]) * patch[0] // stride, -(-w // patch[1]) * patch[1] // stride
+        alone = MaskClassOutput(output.class_logits[i : i + 1], output.mask_logits[i : i + 1, :, :rows, :cols])
+        generator = torch.Generator(output.mask_logits.device).manual_seed(int(batch.index[i]))
+        sizes = ImageSizes.of([(h, w)]).at_stride(stride)
+        return self.criterion(alone, [batch.targets[i]], sizes, generator=generator)
 
     def per_image(self, output: MaskClassOutput, batch: PanopticImages) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image, class logits [Q, K + 1] and mask logits [Q, H0, W0] at its original size."""
