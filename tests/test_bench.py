@@ -1,5 +1,6 @@
 """The benchmark command runs end to end and prints both models and their ratio (no timing asserted)."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,12 @@ def test_plain_loop_model_is_vitdenses_model():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(task.eval()(x), peer.eval()(x))
+
+
+def test_eomt_peer_bench_without_transformers_says_how_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # importing it fails, installed or not
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eomt-peer"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "transformers is not installed" in err and "pip install" in err and "Traceback" not in err

@@ -7,6 +7,7 @@
     python -m vitdense.bench data --config configs/demo_det.yaml --workers 0 1 2
     python -m vitdense.bench train-step --task seg --model vit_small_patch16_224 --img-size 512
     python -m vitdense.bench plain-loop --config configs/demo_cls.yaml --seeds 3 --epochs 2
+    python -m vitdense.bench eomt-peer --img-size 512
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -39,6 +40,12 @@ otherwise write — the same model (same outputs for the same weights), initiali
 scheme, optimizer, warmup + cosine schedule, precision and DataModule datasets — for each
 of N seeds, and prints validation top-1 by epoch for both, their means and wall times: does
 the pipeline learn as fast as the plain loop (`vitdense.bench.plain_loop`)?
+
+`eomt-peer` times EoMT's inference step (fp32, CPU, ViT-S with 100 queries in its last 3
+blocks at 512 x 512 by default) in vitdense and in transformers' `EomtForUniversalSegmentation`
+with the same weights, alternating: median ms, images/s, vitdense / transformers, and the
+largest difference of their mask logits. transformers is not a vitdense dependency: without
+it the command says how to install it and exits with status 2.
 
 `export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
 in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.

@@ -10,6 +10,7 @@ from vitdense.bench.backbone import bench_backbone, print_backbone
 from vitdense.bench.common import PRECISIONS
 from vitdense.bench.data import bench_data, print_data
 from vitdense.bench.detection import bench_det_heads, print_det_heads
+from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
@@ -78,6 +79,21 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--epochs", type=int, default=None, help="default: the config's max_epochs")
     pl.add_argument("--precision", default=None, help="trainer precision (default: the config's, auto resolved)")
     pl.add_argument("--set", nargs="*", help="data init_args overrides, key=value (e.g. train_size=640)")
+    eo = sub.add_parser(
+        "eomt-peer", help="EoMT inference: vitdense vs transformers' EomtForUniversalSegmentation, same weights, CPU"
+    )
+    eo.add_argument("--img-size", type=int, default=512, help="square (transformers' EoMT takes square images)")
+    eo.add_argument("--batch-size", type=int, default=1)
+    eo.add_argument("--embed-dim", type=int, default=384, help="ViT-S by default")
+    eo.add_argument("--depth", type=int, default=12)
+    eo.add_argument("--num-heads", type=int, default=6)
+    eo.add_argument("--patch-size", type=int, default=16)
+    eo.add_argument("--reg-tokens", type=int, default=4, help="register tokens (DINOv2 reg4)")
+    eo.add_argument("--num-queries", type=int, default=100)
+    eo.add_argument("--num-blocks", type=int, default=3, help="last blocks the queries join")
+    eo.add_argument("--num-classes", type=int, default=150)
+    eo.add_argument("--iters", type=int, default=10, help="timed rounds per model")
+    eo.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -96,3 +112,5 @@ def main(argv: list[str] | None = None) -> None:
         print_plain_loop(args, *bench_plain_loop(args))
     elif args.command == "eval":
         print_eval(args, bench_eval(args))
+    elif args.command == "eomt-peer":
+        run_eomt_peer(args)

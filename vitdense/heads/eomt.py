@@ -7,19 +7,27 @@ calls the head between them: `predict` (class and mask logits from the normalise
 before each of the last `num_blocks` blocks and after the last, and `attention_mask` (the
 queries may attend only the patches inside their previous mask; masked attention) for the
 block that follows. Parameter names are EoMT's (`q`, `class_head`, `mask_head.{0,2,4}`,
-`upscale.N.{conv1,conv2,norm}`, `attn_mask_probs`), so its weights load by dropping a prefix.
+`upscale.N.{conv1,conv2,norm}`, `attn_mask_probs`), so its weights load by dropping a prefix
+(`eomt_state_dict`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import LayerNorm2d
 from torch import nn
 
+from vitdense.errors import ConfigError
 from vitdense.types import ImageSizes
+
+_logger = logging.getLogger(__name__)
 
 
 class ScaleBlock(nn.Module):
@@ -172,3 +180,69 @@ def padding_valid(image_sizes: ImageSizes, device: torch.device) -> torch.Tensor
     if not image_sizes.has_padding:
         return None
     return ~image_sizes.mask(device)[:, None]
+
+
+#: the tensors of EoMT's `EoMT` module that are the head's, by name prefix
+_HEAD_TENSORS = ("q.", "class_head.", "mask_head.", "upscale.", "attn_mask_probs")
+#: EoMT's pixel normalisation, done by vitdense's transforms instead (ImageNet's mean and std)
+_PIXEL_STATS = {"encoder.pixel_mean": IMAGENET_DEFAULT_MEAN, "encoder.pixel_std": IMAGENET_DEFAULT_STD}
+
+
+def eomt_state_dict(reference: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """vitdense's `EoMT` state dict (`backbone.*`, `head.*`) from EoMT's weights (tue-mps/eomt).
+
+    Takes a Lightning checkpoint of EoMT's training (`{"state_dict": ...}`), its state dict
+    (the released `pytorch_model.bin`: `network.encoder.backbone.*`, `network.q.weight`, ...,
+    and `criterion.empty_weight`), or the state dict of its `EoMT` module alone
+    (`encoder.backbone.*`, `q.weight`, ...). The backbone's tensors are timm's, whose names
+    vitdense's backbone shares; the head's names are EoMT's. Dropped, with a count in the
+    log: the loss's and other non-network tensors, and `encoder.pixel_mean` / `pixel_std`
+    (EoMT normalises pixels inside its model, vitdense in its transforms: with other values
+    than ImageNet's, a warning says which to set).
+
+    EoMT's DINOv2 models are timm's `vit_{small,base,large}_patch14_reg4_dinov2` built with
+    `patch_size=16` at the training size, e.g. `create_backbone("vit_large_patch14_reg4_dinov2",
+    img_size=640, model_args={"patch_size": 16})`; its DINOv3 models (transformers' RoPE
+    ViTs) and ViT-g (SwiGLU) are outside vitdense's backbone and refused here.
+
+    Raises:
+        ConfigError: a tensor of EoMT's network that vitdense's model has no place for.
+    """
+    state = reference.get("state_dict", reference)
+    lightning = any(key.startswith("network.") for key in state)
+    out: dict[str, torch.Tensor] = {}
+    dropped = []
+    for key, tensor in state.items():
+        if lightning and not key.startswith("network."):
+            dropped.append(key)  # the loss's "no object" weight, metric states
+            continue
+        name = key.removeprefix("network.")
+        if name in _PIXEL_STATS:
+            dropped.append(key)
+            expected = torch.tensor(_PIXEL_STATS[name], dtype=torch.float32)
+            if not torch.allclose(tensor.float().flatten(), expected, atol=1e-4):
+                _logger.warning(
+                    "%s is %s, not ImageNet's %s: normalise the images with it (the data's mean/std)",
+                    key,
+                    tensor.flatten().tolist(),
+                    list(_PIXEL_STATS[name]),
+                )
+        elif name.startswith("encoder.backbone."):
+            inner = name.removeprefix("encoder.backbone.")
+            if "rope" in inner or ".attention." in inner or inner.startswith("patch_embed.patch_embeddings"):
+                raise ConfigError(
+                    f"{key}: this EoMT checkpoint's backbone is a transformers ViT with rotary positions (EoMT's "
+                    "DINOv3 models); vitdense's VisionTransformer has learned absolute positions: use EoMT's "
+                    "DINOv2 checkpoints"
+                )
+            out[f"backbone.{inner}"] = tensor
+        elif name.startswith(_HEAD_TENSORS):
+            out[f"head.{name}"] = tensor
+        else:
+            raise ConfigError(
+                f"{key}: not a tensor of EoMT's network (models/eomt.py: encoder.backbone.*, q, class_head, "
+                "mask_head, upscale, attn_mask_probs); is this an EoMT checkpoint?"
+            )
+    if dropped:
+        _logger.info("eomt_state_dict: %d tensors outside vitdense's EoMT dropped: %s", len(dropped), dropped)
+    return out
