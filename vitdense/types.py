@@ -390,8 +390,9 @@ class MaskClassOutput(NamedTuple):
         class_logits: [B, Q, K + 1] class logits, the last class being "no object".
         mask_logits: [B, Q, h, w] mask logits on a grid of the padded input (EoMT: 1/4 of
             it); the part of each image is its own `ImageSizes` at that grid's stride.
-        aux: the same pair from earlier blocks (first to last but one), for the auxiliary
-            losses; empty in evaluation.
+        aux: the same pair from the blocks the queries joined, before each (EoMT's
+            intermediate predictions, whose masks restrict the next block's attention), for
+            the auxiliary losses; in evaluation only while masked attention applies.
     """
 
     class_logits: torch.Tensor

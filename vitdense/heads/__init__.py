@@ -2,6 +2,7 @@
 
 from vitdense.heads.classification import ClassificationHead, pool_tokens
 from vitdense.heads.detr import DETRHead
+from vitdense.heads.eomt import EoMTHead
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
 from vitdense.heads.lwdetr import LWDETRHead
 from vitdense.heads.pyramid import MultiLevelProjector, SimpleFeaturePyramid
@@ -10,6 +11,7 @@ from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 __all__ = [
     "ClassificationHead",
     "DETRHead",
+    "EoMTHead",
     "LinearDecoder",
     "LinearProbeHead",
     "LWDETRHead",

@@ -7,6 +7,7 @@ from vitdense.tasks.detection import DetectionTask
 from vitdense.tasks.linear_probe import LinearProbeTask
 from vitdense.tasks.pretrain import MaskedImageModelingTask
 from vitdense.tasks.segmentation import SegmentationTask
+from vitdense.tasks.universal import UniversalSegmentationTask
 
 __all__ = [
     "BackboneConfig",
@@ -16,4 +17,5 @@ __all__ = [
     "LinearProbeTask",
     "MaskedImageModelingTask",
     "SegmentationTask",
+    "UniversalSegmentationTask",
 ]
