@@ -25,7 +25,8 @@ from vitdense.data import (
     panoptic_eval_transforms,
     panoptic_train_transforms,
 )
-from vitdense.data.panoptic_transforms import scale_jitter_size
+from vitdense.data.coco_panoptic import SegmentLayers
+from vitdense.data.panoptic_transforms import resize_masks, scale_jitter_size
 from vitdense.errors import DataError
 from vitdense.panoptic import id2rgb
 from vitdense.preprocess import LabelInfo, Preprocess
@@ -211,6 +212,20 @@ def test_draws_again_when_the_crop_keeps_no_segment(coco):
     assert dataset(1)[2].targets.masks.shape == (0, 16, 16)  # the cup (top left) is cropped away
     sample = dataset(2)[2]
     assert sample.targets.labels.tolist() == [0] and sample.targets.masks[0, :2, :2].all()
+
+
+@pytest.mark.parametrize("count, dtype", [(6, np.uint8), (300, np.int32)])
+def test_segment_maps_keep_their_numbers(count, dtype):
+    """A panoptic map's segment numbers survive selection and nearest resizing, in uint8 or,
+    from 255 segments, int32."""
+    numbers = np.arange(20 * 30).reshape(20, 30) % (count + 1)
+    layers = SegmentLayers.of_map(numbers, count)
+    assert layers.layers.dtype == dtype
+    keep = np.arange(count) % 2 == 0
+    chosen = layers.select(keep)
+    assert chosen.count == count // 2 and np.array_equal(chosen.masks(), layers.masks()[keep])
+    doubled = resize_masks(chosen.layers, (40, 60))
+    assert np.array_equal(chosen.masks(doubled), chosen.masks().repeat(2, 1).repeat(2, 2))
 
 
 def test_evaluation_resizes_the_long_side_as_eomt(coco):

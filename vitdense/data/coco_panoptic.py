@@ -125,12 +125,17 @@ def _require_file(path: Path, layout: str) -> None:
         raise FileNotFoundError(f"{path}: annotation file not found; expected layout {layout}")
 
 
+def _map_dtype(count: int) -> type:
+    return np.uint8 if count < 255 else np.int32
+
+
 @dataclass(frozen=True)
 class SegmentLayers:
     """An image's segments in the form the transforms move them.
 
-    Panoptic segments do not overlap: `layers` is one [1, H, W] int32 map holding k + 1 on
-    the pixels of segment k and 0 on void, resized once whatever the number of segments.
+    Panoptic segments do not overlap: `layers` is one [1, H, W] map holding k + 1 on the
+    pixels of segment k and 0 on void, resized once whatever the number of segments (uint8,
+    which resizes fastest, unless there are 255 segments or more: int32).
     Instances may overlap: `layers` is [n, H, W] uint8, one mask per instance (one mask of
     zeros when there is none: albumentations cannot stack zero masks).
 
@@ -147,7 +152,7 @@ class SegmentLayers:
     @classmethod
     def of_map(cls, numbers: np.ndarray, count: int) -> SegmentLayers:
         """[H, W] segment numbers (k + 1 on segment k, 0 void) of `count` segments."""
-        return cls(numbers.astype(np.int32, copy=False)[None], count, False)
+        return cls(numbers.astype(_map_dtype(count), copy=False)[None], count, False)
 
     @classmethod
     def of_masks(cls, masks: np.ndarray) -> SegmentLayers:
@@ -161,8 +166,8 @@ class SegmentLayers:
         pixels become void."""
         if self.overlapping:
             return SegmentLayers.of_masks(self.layers[: self.count][keep])
-        lut = np.zeros(self.count + 1, dtype=np.int32)
-        lut[1:][keep] = np.arange(1, int(keep.sum()) + 1, dtype=np.int32)
+        lut = np.zeros(self.count + 1, dtype=self.layers.dtype)
+        lut[1:][keep] = np.arange(1, int(keep.sum()) + 1)
         return SegmentLayers(lut[self.layers], int(keep.sum()), False)
 
     def masks(self, layers: np.ndarray | None = None) -> np.ndarray:
@@ -277,8 +282,9 @@ class PanopticIndex(SegmentIndex):
                 f"{entry.id} ({entry.file_name}) is {entry.width}x{entry.height}; a panoptic PNG must match its image "
                 "pixel for pixel: fix the PNG or the image entry"
             )
-        ids = rgb2id(rgb).ravel()
-        present, inverse = np.unique(ids, return_inverse=True)
+        ids = rgb2id(rgb)
+        present = np.unique(ids)
+        inverse = np.searchsorted(present, ids)  # (twice as fast as unique's own inverse: few distinct ids)
         listed = entry.segment_ids
         order = np.argsort(listed, kind="stable")
         where = np.searchsorted(listed[order], present).clip(max=max(len(listed) - 1, 0))
@@ -295,8 +301,8 @@ class PanopticIndex(SegmentIndex):
                 f"{self.annotation_file}: the segments_info of image id {entry.id} lists segment ids "
                 f"{absent[:10].tolist()}, which have no pixel in {png}; remove those entries (a segment needs pixels)"
             )
-        lut = np.where(known, order[where] + 1, 0).astype(np.int32)
-        return SegmentLayers.of_map(lut[inverse].reshape(rgb.shape[:2]), len(listed))
+        lut = np.where(known, order[where] + 1, 0).astype(_map_dtype(len(listed)))
+        return SegmentLayers.of_map(lut[inverse], len(listed))
 
 
 def load_coco_panoptic(
