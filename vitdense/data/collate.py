@@ -1,13 +1,14 @@
-"""One padding collate for every image batch: classification, segmentation and detection."""
+"""One padding collate for every image batch: classification, segmentation, detection and
+universal (panoptic / instance) segmentation."""
 
 from __future__ import annotations
 
 import torch
 
 from vitdense.errors import DataError
-from vitdense.types import DetectedImages, ImageSizes, LabeledImages, SegmentedImages
+from vitdense.types import DetectedImages, ImageSizes, LabeledImages, PanopticImages, SegmentedImages
 
-Sample = LabeledImages | SegmentedImages | DetectedImages
+Sample = LabeledImages | SegmentedImages | DetectedImages | PanopticImages
 
 
 def pad_stack(tensors: list[torch.Tensor], fill: float | int = 0) -> tuple[torch.Tensor, ImageSizes]:
@@ -29,19 +30,20 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     `SegmentedImages` label maps are padded the same way with `ignore_index` to their own
     largest size (their own `ImageSizes` in `mask_sizes`), which differs from the images'
     when evaluation keeps labels at the annotation's resolution; `LabeledImages` labels are
-    stacked; `DetectedImages` keep one box target (and original size and evaluation target)
-    per image, as tuples. Padding to a multiple of the patch size is left to the model,
-    which knows the patch size.
+    stacked; `DetectedImages` and `PanopticImages` keep one target (boxes, or segment masks
+    at their image's own size) and one original size and evaluation target per image, as
+    tuples. Padding to a multiple of the patch size is left to the model, which knows the
+    patch size.
 
     Args:
-        samples: `LabeledImages`, `SegmentedImages` or `DetectedImages` with image [3, H_i, W_i]
-            (and mask [h_i, w_i] int64).
+        samples: `LabeledImages`, `SegmentedImages`, `DetectedImages` or `PanopticImages`
+            with image [3, H_i, W_i] (and mask [h_i, w_i] int64).
         ignore_index: label of padded mask pixels.
 
     Returns:
         image [B, 3, H, W]; index [B] int64; image_sizes (`ImageSizes`); then label [B]
-        int64, or mask [B, h, w] int64 with mask_sizes, or B box targets with orig_sizes
-        and eval_targets.
+        int64, or mask [B, h, w] int64 with mask_sizes, or B box targets (B segment
+        targets) with orig_sizes and eval_targets.
     """
     if not samples:
         raise DataError("pad_collate got no samples; the loader's batch_size must be at least 1")
@@ -50,8 +52,8 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     if isinstance(samples[0], LabeledImages):
         label = torch.tensor([int(s.label) for s in samples], dtype=torch.int64)
         return LabeledImages(batch, label, index, image_sizes)
-    if isinstance(samples[0], DetectedImages):
-        return DetectedImages(
+    if isinstance(samples[0], DetectedImages | PanopticImages):
+        return type(samples[0])(
             batch,
             tuple(s.targets for s in samples),
             index,
