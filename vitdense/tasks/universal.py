@@ -56,6 +56,11 @@ Segmentation = Literal["panoptic", "instance", "semantic"]
 #: EoMT's head: 200 queries (panoptic, instance; 100 for semantic) in the last 4 blocks (3 for 12-layer models)
 DEFAULT_EOMT_HEAD = partial(EoMTHead, num_queries=200, num_blocks=4)
 
+#: an EoMT head from the backbone's width D, the number of classes K and the patch size (the
+#: mask resolution follows it): `head(embed_dim, num_classes, patch_size)`; in YAML a class_path
+#: (+ init_args for everything but those three), e.g. vitdense.heads.EoMTHead
+EoMTHeadFactory = Callable[[int, int, int], nn.Module]
+
 #: the loss from the number of classes K: `criterion(num_classes)`; default Mask2Former's settings
 CriterionFactory = Callable[[int], nn.Module]
 
@@ -145,7 +150,7 @@ class UniversalSegmentationTask(BaseTask):
         segmentation: Segmentation = "panoptic",
         evaluate: list[Segmentation] | None = None,
         class_names: list[str] | None = None,
-        head: HeadFactory = DEFAULT_EOMT_HEAD,
+        head: EoMTHeadFactory = DEFAULT_EOMT_HEAD,
         criterion: CriterionFactory | None = None,
         attn_mask_annealing_start_steps: list[int] | None = None,
         attn_mask_annealing_end_steps: list[int] | None = None,
