@@ -1,20 +1,32 @@
 """UniversalSegmentationTask: EoMT's annealing, its losses and evaluation, semantic on label maps."""
 
+import base64
+import io
+import json
 from functools import partial
+from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
+import yaml
+from PIL import Image
 
+import vitdense
+from vitdense.cli import main
 from vitdense.data import LoaderConfig, SyntheticSegmentationDataModule
 from vitdense.data.collate import pad_collate
 from vitdense.errors import ConfigError
 from vitdense.heads.eomt import EoMTHead
 from vitdense.losses import MaskSetCriterion
+from vitdense.mask_results import PanopticResult
 from vitdense.metrics import LossMeans
+from vitdense.panoptic import rgb2id
+from vitdense.panoptic_metrics import PanopticQuality
 from vitdense.tasks import BackboneConfig
 from vitdense.tasks.universal import UniversalSegmentationTask, label_map_segments
-from vitdense.types import PanopticImages, SegmentTargets
+from vitdense.types import PanopticImages, PanopticSegments, SegmentTargets
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 3})
 HEAD = partial(EoMTHead, num_queries=6, num_blocks=2)
@@ -134,3 +146,163 @@ def test_semantic_segmentation_trains_on_label_maps():
     b = next(iter(data.val_dataloader()))
     prediction = t.eval().predict_step(b, 0)
     assert [tuple(x.shape) for x in prediction.labels] == [tuple(s) for s in b.mask_sizes.sizes]
+
+
+# ---------------------------------------------------------------------- the whole run, CLI to server
+DEMO = Path(__file__).parents[2] / "configs" / "demo_panoptic.yaml"
+
+
+def demo_config(root: Path, **trainer) -> Path:
+    """demo_panoptic.yaml at 32 px, 8 training images, a plain 4-block ViT with 8 x 8 patches
+    (the queries in the last 2), 8 queries, annealed within the run, fp32."""
+    cfg = yaml.safe_load(DEMO.read_text())
+    settings = {"max_steps": 4, "precision": "32-true", "enable_progress_bar": False, "log_every_n_steps": 1}
+    cfg["trainer"].update({**settings, "default_root_dir": str(root), **trainer})
+    cfg["trainer"]["callbacks"] = [
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {"dirpath": str(root / "checkpoints"), "every_n_train_steps": 2, "save_top_k": -1},
+        }
+    ]
+    model = cfg["model"]["init_args"]
+    model["head"]["init_args"]["num_queries"] = 8
+    model["criterion"]["init_args"]["num_points"] = 64
+    model["attn_mask_annealing_start_steps"], model["attn_mask_annealing_end_steps"] = [1, 2], [2, 4]
+    # a plain ViT: the hybrid's ResNet stem multiplies the symbolic shapes export reasons about
+    # (an export of the demo's own backbone takes a minute and a half on 2 cores)
+    model["backbone"].update(name="vit_tiny_patch16_224", model_args={"depth": 4, "patch_size": 8})
+    model["lr_scheduler"]["init_args"]["warmup_steps"] = 1
+    data = cfg["data"]["init_args"]
+    data.update(root=str(root.parent / "synthetic_panoptic"), img_size=32, train_size=8, val_size=3)
+    data["loader"] = {"batch_size": 2, "num_workers": 0}
+    path = root / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """The demo fitted for 4 steps through the CLI, then tested: (config, checkpoint, test figures)."""
+    root = tmp_path_factory.mktemp("panoptic") / "run"
+    config = demo_config(root)
+    main(["fit", "--config", str(config)])
+    ckpt = root / "checkpoints" / "epoch=0-step=4.ckpt"
+    cli = main(["test", "--config", str(config), f"--ckpt_path={ckpt}"])
+    return config, ckpt, {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+
+
+def test_predict_writes_coco_panoptic_files_that_score_as_test(fitted, tmp_path):
+    """`predict` on the validation split writes COCO panoptic PNGs and their JSON; read back
+    against the split's own PNGs and JSON, they score the PQ that `test` reported (the metric
+    is panopticapi's, tests/test_panoptic_metrics.py)."""
+    config, ckpt, figures = fitted
+    main(["predict", "--config", str(config), f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"])
+    written = json.loads((tmp_path / "predictions" / "panoptic.json").read_text())["annotations"]
+    gt_root = Path(yaml.safe_load(config.read_text())["data"]["init_args"]["root"])
+    truth = json.loads((gt_root / "annotations" / "panoptic_val.json").read_text())
+    assert sorted(a["image_id"] for a in written) == sorted(i["id"] for i in truth["images"])
+    label_of = {c["id"]: k for k, c in enumerate(truth["categories"])}
+    metric = PanopticQuality(len(truth["categories"]), [bool(c["isthing"]) for c in truth["categories"]])
+    for annotation in written:
+        gt = next(a for a in truth["annotations"] if a["image_id"] == annotation["image_id"])
+        pred_ids = rgb2id(np.asarray(Image.open(tmp_path / "predictions" / "panoptic" / annotation["file_name"])))
+        gt_ids = rgb2id(np.asarray(Image.open(gt_root / "annotations" / "panoptic_val" / gt["file_name"])))
+        segments = annotation["segments_info"]
+        pred = PanopticSegments(
+            torch.from_numpy(pred_ids),
+            torch.tensor([s["id"] for s in segments], dtype=torch.int64),
+            torch.tensor([label_of[s["category_id"]] for s in segments], dtype=torch.int64),
+            torch.tensor([s["score"] for s in segments]),
+        )
+        masks = torch.stack([torch.from_numpy(gt_ids == s["id"]) for s in gt["segments_info"]])
+        labels = torch.tensor([label_of[s["category_id"]] for s in gt["segments_info"]])
+        crowd = torch.tensor([bool(s["iscrowd"]) for s in gt["segments_info"]])
+        metric.update([pred], [SegmentTargets(masks, labels, crowd)])
+    result = metric.compute()
+    for key in ("PQ", "SQ", "RQ", "PQ_th", "PQ_st"):
+        assert float(result[key]) == pytest.approx(figures[f"test/{key}"], abs=1e-6), key
+
+
+def test_load_draws_and_serves_the_panoptic_result(fitted):
+    from vitdense.serve import PredictorAPI
+
+    _, ckpt, _ = fitted
+    predictor = vitdense.load(ckpt)
+    image = np.random.default_rng(0).integers(0, 256, (30, 44, 3), dtype=np.uint8)
+    result = predictor(image)
+    assert isinstance(result, PanopticResult) and result.id_map.shape == (30, 44)
+    assert set(np.unique(result.id_map)) <= {0, *result.ids.tolist()}
+    assert result.draw(image).shape == (30, 44, 3)
+    answer = json.loads(json.dumps(result.to_dict()))
+    assert answer["task"] == "panoptic" and len(answer["segments"]) == len(result)
+    api = PredictorAPI(ckpt, max_batch_size=2)  # the server's own decode -> predict -> encode
+    api.setup("cpu")
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    served = api.encode_response(api.predict([api.decode_request({"image": base64.b64encode(buffer.getvalue()).decode()})])[0])
+    assert served["segments"] == answer["segments"]
+
+
+def test_export_gives_the_eager_class_probabilities_and_masks(fitted, tmp_path):
+    import onnxruntime
+
+    from vitdense.export import export_checkpoint
+
+    _, ckpt, _ = fitted
+    path, traced, outputs = export_checkpoint(ckpt, "onnx", tmp_path / "eomt.onnx")
+    assert outputs == ["class_probs", "mask_logits"]
+    model = vitdense.load_model(ckpt).eval()
+    raw = torch.rand(1, 3, 40, 24) * 255
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    probs, masks = session.run(None, {"images": raw.numpy()})
+    predictor = vitdense.load(ckpt)
+    mean, std = torch.tensor(predictor.data.preprocess.mean), torch.tensor(predictor.data.preprocess.std)
+    with torch.no_grad():
+        expected = model.export_outputs((raw / 255 - mean[:, None, None]) / std[:, None, None])
+    torch.testing.assert_close(torch.from_numpy(probs), expected[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(masks), expected[1], atol=1e-3, rtol=1e-4)
+    assert masks.shape[-2:] == (40, 24)
+
+
+def test_instance_predictions_are_a_coco_results_file_cocoeval_reads(fitted, tmp_path):
+    """The same checkpoint asked for instances (a checkpoint's hyperparameters win over the
+    command line in Lightning's CLI, so from Python): `predict` writes a COCO results JSON
+    (RLE masks, the dataset's category ids) that pycocotools loads and evaluates."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from vitdense.callbacks import ResultWriter
+    from vitdense.data import SyntheticPanopticDataModule
+
+    config, ckpt, _ = fitted
+    task = UniversalSegmentationTask.load_from_checkpoint(ckpt, segmentation="instance", weights_only=True)
+    data_args = yaml.safe_load(config.read_text())["data"]["init_args"]
+    data = SyntheticPanopticDataModule(**{**data_args, "loader": LoaderConfig(batch_size=2, num_workers=0)})
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[ResultWriter(str(tmp_path))])
+    data.setup("validate")
+    trainer.predict(task, dataloaders=data.val_dataloader(), return_predictions=False)
+    rows = json.loads((tmp_path / "instances.json").read_text())
+    assert rows and {"image_id", "category_id", "segmentation", "score", "bbox"} <= rows[0].keys()
+    truth = json.loads((Path(data_args["root"]) / "annotations" / "panoptic_val.json").read_text())
+    assert {r["image_id"] for r in rows} == {i["id"] for i in truth["images"]}
+    assert {r["category_id"] for r in rows} <= {c["id"] for c in truth["categories"]}
+    gt = COCO()
+    images = [{k: i[k] for k in ("id", "height", "width")} for i in truth["images"]]
+    gt.dataset = {"images": images, "annotations": [], "categories": truth["categories"]}
+    gt.createIndex()
+    COCOeval(gt, gt.loadRes(rows), "segm").evaluate()  # reads every RLE at its image's size
+
+
+def test_a_killed_run_resumes_exactly(tmp_path):
+    """Resumed from step 2, before the second block's annealing lifts masks at random (step 3),
+    the weights and the annealed probabilities end as the uninterrupted run's."""
+    whole = main(["fit", "--config", str(demo_config(tmp_path / "whole", max_steps=6))])
+    resumed_config = demo_config(tmp_path / "resumed", max_steps=6)
+    mid = tmp_path / "whole" / "checkpoints" / "epoch=0-step=2.ckpt"
+    resumed = main(["fit", "--config", str(resumed_config), f"--ckpt_path={mid}"])
+    assert resumed.trainer.global_step == whole.trainer.global_step == 6
+    expected = whole.model.state_dict()
+    diff = max((v.float() - expected[k].float()).abs().max().item() for k, v in resumed.model.state_dict().items())
+    assert diff <= 1e-6
+    assert resumed.model.model.head.attn_mask_probs.tolist() == [0.0, 0.0]

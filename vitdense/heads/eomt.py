@@ -102,6 +102,7 @@ class EoMTHead(nn.Module):
         #: per joined block, the probability that a query's mask is applied; annealed from 1 to 0
         #: in training (`mask_probability`), kept in checkpoints so that a resumed run continues it
         self.register_buffer("attn_mask_probs", torch.ones(num_blocks))
+        self._masks_in_eval = (True,) * num_blocks
 
     @property
     def mask_stride(self) -> int:
@@ -116,7 +117,17 @@ class EoMTHead(nn.Module):
         masks apply, so that evaluation is deterministic)."""
         if not self.masked_attention:
             return False
-        return self.training or bool(self.attn_mask_probs[block] > 0)
+        if self.training:
+            return True
+        if torch.compiler.is_compiling():  # (export, compile: the buffer's values are not readable while tracing)
+            return self._masks_in_eval[block]
+        return bool(self.attn_mask_probs[block] > 0)
+
+    def train(self, mode: bool = True) -> EoMTHead:
+        super().train(mode)
+        if not mode:  # what evaluation traces (`masks_in_block`), read once, eagerly
+            self._masks_in_eval = tuple(p > 0 for p in self.attn_mask_probs.tolist())
+        return self
 
     def predict(
         self, x: torch.Tensor, grid: tuple[int, int], num_prefix: int, valid: torch.Tensor | None = None
