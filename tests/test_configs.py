@@ -137,7 +137,9 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
     if config.name.startswith("eomt_"):  # ViT-L: a narrow 4-block one has its 4 joined blocks
         args.append("--model.init_args.backbone.model_args={patch_size: 16, depth: 4, embed_dim: 64, num_heads: 2}")
         args.append("--trainer.check_val_every_n_epoch=null")  # the fake sets hold one batch an epoch
-        args.append("--model.init_args.criterion={class_path: vitdense.losses.MaskSetCriterion, init_args: {num_points: 256}}")
+        args.append(
+            "--model.init_args.criterion={class_path: vitdense.losses.MaskSetCriterion, init_args: {num_points: 256}}"
+        )
     if cfg["model"]["init_args"].get("head", {}).get("class_path", "").endswith("LWDETRHead"):
         args.append("--model.init_args.head.init_args.num_queries=8")  # two-stage picks from the 64 px images' tokens
     args += [

@@ -23,12 +23,20 @@ from vitdense.data import (
     LoaderConfig,
     SyntheticClassificationDataModule,
     SyntheticDetectionDataModule,
+    SyntheticPanopticDataModule,
     SyntheticSegmentationDataModule,
 )
-from vitdense.heads import DETRHead, LinearDecoder
-from vitdense.losses import SetCriterion
+from vitdense.heads import DETRHead, EoMTHead, LinearDecoder
+from vitdense.losses import MaskSetCriterion, SetCriterion
 from vitdense.metrics import LossMeans
-from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, LinearProbeTask, SegmentationTask
+from vitdense.tasks import (
+    BackboneConfig,
+    ClassificationTask,
+    DetectionTask,
+    LinearProbeTask,
+    SegmentationTask,
+    UniversalSegmentationTask,
+)
 from vitdense.types import BoxTargets, DetectionOutput, Losses, LossSum
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2})
@@ -100,6 +108,20 @@ def evaluations(root: Path) -> dict[str, tuple[L.LightningModule, L.LightningDat
         )  # SetCriterion: loss_ce, loss_bbox, loss_giou
         det_data = SyntheticDetectionDataModule(root=str(root), img_size=32, train_size=2, val_size=9, loader=loader)
         out[f"det{batch}"] = det, det_data
+    # EoMT, untrained but with a low panoptic threshold, so that segments (and PQ, mask AP and
+    # mIoU above 0) come out of it; its evaluation losses are per image (own points)
+    loader = LoaderConfig(eval_batch_size=4, num_workers=0)
+    torch.manual_seed(0)
+    pan = UniversalSegmentationTask(
+        num_classes=6,
+        head=partial(EoMTHead, num_queries=6, num_blocks=1),
+        criterion=partial(MaskSetCriterion, num_points=64),
+        evaluate=["panoptic", "instance", "semantic"],
+        score_threshold=0.05,
+        backbone=TINY,
+    )
+    pan_data = SyntheticPanopticDataModule(root=str(root / "pan"), img_size=32, train_size=2, val_size=9, loader=loader)
+    out["pan4"] = pan, pan_data
     return out
 
 
@@ -236,6 +258,7 @@ def test_every_task_evaluates_uneven_shards_as_one_process(two_processes, tmp_pa
         assert multi[key] == single[key], key
     assert 0 < single["cls:val/acc1"] < 1  # figures a lost or repeated image would change
     assert single["det4:val/map_50"] > 0  # grid boxes hit some objects
+    assert single["pan4:val/mIoU"] > 0 and single["pan4:val/loss_mask"] > 0 and "pan4:val/PQ" in single
     # and the figure itself is the dataset's mean cross-entropy (batches of 3, 3, 3, 3 and 1 images)
     task, data = evaluations(tmp_path / "det")["cls"]
     data.setup("validate")

@@ -240,7 +240,9 @@ def test_load_draws_and_serves_the_panoptic_result(fitted):
     api.setup("cpu")
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
-    served = api.encode_response(api.predict([api.decode_request({"image": base64.b64encode(buffer.getvalue()).decode()})])[0])
+    served = api.encode_response(
+        api.predict([api.decode_request({"image": base64.b64encode(buffer.getvalue()).decode()})])[0]
+    )
     assert served["segments"] == answer["segments"]
 
 
