@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -52,6 +53,8 @@ class SegHeadsResult(NamedTuple):
     depth: int
     num_blocks: int
     optimizer: str
+    #: the 1-minute load average when the timing started and when it ended (other processes on the cores)
+    load: tuple[float, float]
 
 
 #: label maps: classes per image (ADE20K has about 9 on average) and cells per side of the blocky map
@@ -111,6 +114,7 @@ def bench_seg_heads(args: argparse.Namespace) -> SegHeadsResult:
     activations autograd saves), of inference on CUDA only (nothing is saved under no_grad)."""
     from vitdense.types import ImageSizes, SegmentedImages
 
+    load = os.getloadavg()[0]
     device = torch.device(args.device)
     tasks = {name: task.to(device) for name, task in build_tasks(args).items()}
     b, size = args.batch_size, args.img_size
@@ -169,7 +173,8 @@ def bench_seg_heads(args: argparse.Namespace) -> SegHeadsResult:
 
     inferred = time_rounds({name: partial(infer, name) for name in steps}, args, device, infer_memory)
     optimizer = type(optimizers[EOMT]).__name__
-    return SegHeadsResult(trained, inferred, eomt.backbone.depth, eomt.head.num_blocks, optimizer)
+    loads = (load, os.getloadavg()[0])
+    return SegHeadsResult(trained, inferred, eomt.backbone.depth, eomt.head.num_blocks, optimizer, loads)
 
 
 def time_rounds(
@@ -219,7 +224,7 @@ def print_seg_heads(args: argparse.Namespace, result: SegHeadsResult) -> None:
         f"batch {args.batch_size}, {args.num_classes} classes, {args.precision}: Segmenter's mask transformer "
         f"(2 layers) vs EoMT ({args.num_queries} queries in the last {result.num_blocks} blocks), on "
         f"{machine(args.device)} ({torch.get_num_threads()} threads, torch {torch.__version__}), "
-        f"median of {args.steps} alternating rounds"
+        f"median of {args.steps} alternating rounds, load average {result.load[0]:.2f} -> {result.load[1]:.2f}"
     )
     mem = memory_label(args.device)
     tables = (
