@@ -219,9 +219,12 @@ def run_seg_heads(args: argparse.Namespace) -> None:
 
 def print_seg_heads(args: argparse.Namespace, result: SegHeadsResult) -> None:
     size = f"{args.img_size} x {args.img_size}"
+    precision = args.precision
+    if precision == "bf16" and args.device == "cpu":
+        precision += " (CPU autocast, native bf16)" if native_bf16() else " (CPU autocast, bf16 emulated)"
     print(
         f"semantic segmentation heads on {args.model} (random weights, {result.depth} blocks) at {size}, "
-        f"batch {args.batch_size}, {args.num_classes} classes, {args.precision}: Segmenter's mask transformer "
+        f"batch {args.batch_size}, {args.num_classes} classes, {precision}: Segmenter's mask transformer "
         f"(2 layers) vs EoMT ({args.num_queries} queries in the last {result.num_blocks} blocks), on "
         f"{machine(args.device)} ({torch.get_num_threads()} threads, torch {torch.__version__}), "
         f"median of {args.steps} alternating rounds, load average {result.load[0]:.2f} -> {result.load[1]:.2f}"
