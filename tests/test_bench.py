@@ -145,3 +145,61 @@ def test_eomt_peer_bench_without_transformers_says_how_to_install(capsys, monkey
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "transformers is not installed" in err and "pip install" in err and "Traceback" not in err
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread: at toy sizes the steps are thousands of tiny ops, and with two threads each
+    waits for the other at every op, seconds in all when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_seg_heads_bench_prints_both_heads_and_their_ratio(capsys, one_thread):
+    main(
+        "seg-heads --model vit_tiny_patch16_224 --depth 2 --img-size 32 --batch-size 1 --num-classes 10 "
+        "--steps 1 --warmup 0".split()
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert "2 blocks" in out[0] and "last 2 blocks" in out[0] and "fp32" in out[0] and "(1 threads" in out[0]
+    train, inference = out[2:5], out[6:10]
+    assert out[1].startswith("training step") and out[5].startswith("inference")
+
+    def rows(lines):
+        return {line[:52].strip(): line[52:].split() for line in lines}
+
+    train, inference = rows(train), rows(inference)
+    assert list(train) == ["Segmenter", "EoMT", "EoMT / Segmenter"]
+    assert list(inference) == ["Segmenter", "EoMT", "EoMT, masks on", "EoMT / Segmenter"]
+    for table in (train, inference):  # ms/step, img/s, then the ratios of both
+        ms, img_s = (float(v) for v in table["EoMT / Segmenter"][:2])
+        assert ms == pytest.approx(float(table["EoMT"][0]) / float(table["Segmenter"][0]), rel=0.02)
+        assert img_s == pytest.approx(1 / ms, rel=0.02)
+    # memory on the CPU: the activations saved for backward in training, none measured in inference
+    assert all(float(v) > 0 for row in train.values() for v in row)
+    assert all(row[2] == "-" for row in inference.values())
+
+
+def test_seg_heads_label_maps_have_several_regions_per_image():
+    from vitdense.bench.seg_heads import blocky_label_maps
+
+    maps = blocky_label_maps(3, 50, 150, torch.Generator().manual_seed(0))
+    assert maps.shape == (3, 50, 50) and maps.dtype == torch.int64
+    per_image = [len(torch.unique(m)) for m in maps]
+    assert all(3 <= n <= 8 for n in per_image)
+    assert len(torch.unique(maps)) > max(per_image)  # images draw their own classes
+
+
+def test_seg_heads_bench_warns_of_emulated_bf16(monkeypatch):
+    import argparse
+
+    from vitdense.bench import seg_heads
+
+    args = argparse.Namespace(precision="bf16", device="cpu")
+    monkeypatch.setattr(seg_heads, "native_bf16", lambda: False)
+    assert "emulated" in seg_heads.bf16_warning(args)
+    assert seg_heads.bf16_warning(argparse.Namespace(precision="fp32", device="cpu")) is None
+    monkeypatch.setattr(seg_heads, "native_bf16", lambda: True)
+    assert seg_heads.bf16_warning(args) is None

@@ -8,6 +8,7 @@
     python -m vitdense.bench train-step --task seg --model vit_small_patch16_224 --img-size 512
     python -m vitdense.bench plain-loop --config configs/demo_cls.yaml --seeds 3 --epochs 2
     python -m vitdense.bench eomt-peer --img-size 512
+    python -m vitdense.bench seg-heads --model vit_small_patch16_224 --img-size 512 --batch-size 2
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -46,6 +47,17 @@ blocks at 512 x 512 by default) in vitdense and in transformers' `EomtForUnivers
 with the same weights, alternating: median ms, images/s, vitdense / transformers, and the
 largest difference of their mask logits. transformers is not a vitdense dependency: without
 it the command says how to install it and exits with status 2.
+
+`seg-heads` times semantic segmentation's two designs on the same ViT (random weights, the
+same in both): Segmenter's mask transformer decoder after the encoder (`SegmentationTask`) and
+EoMT's 100 queries in the encoder's last blocks (`UniversalSegmentationTask(segmentation=
+"semantic")`, Mask2Former's loss on 12,544 points per mask). The training step is fit's
+(`forward_batch`, `compute_loss`, backward, the task's optimizer stepped) on random images and
+blocky label maps of 8 classes each; inference is `model(images)` against `model.semantic(images)`
+on one window, EoMT after its masked attention is annealed away and, in a third row, with it on.
+Median ms/step, img/s, training memory, and EoMT / Segmenter for both steps, with the CPU's
+kind, torch's threads and the precision (`--precision bf16`: CPU autocast, emulated and slow
+on CPUs without AVX512-BF16 or AMX, which the command warns of).
 
 `export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
 in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.

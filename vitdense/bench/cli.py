@@ -14,6 +14,7 @@ from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
+from vitdense.bench.seg_heads import run_seg_heads
 from vitdense.bench.train_step import bench_train_step, print_train_step
 
 
@@ -94,6 +95,21 @@ def main(argv: list[str] | None = None) -> None:
     eo.add_argument("--num-classes", type=int, default=150)
     eo.add_argument("--iters", type=int, default=10, help="timed rounds per model")
     eo.add_argument("--warmup", type=int, default=2)
+    sh = sub.add_parser(
+        "seg-heads", help="semantic segmentation: Segmenter's decoder vs EoMT, training and inference step, same ViT"
+    )
+    sh.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
+    sh.add_argument("--depth", type=int, default=None, help="blocks of the encoder (default: the model's)")
+    sh.add_argument("--img-size", type=int, default=512, help="training crop and the inference window")
+    sh.add_argument("--batch-size", type=int, default=2)
+    sh.add_argument("--num-classes", type=int, default=150, help="K (ADE20K's 150 by default)")
+    sh.add_argument("--num-queries", type=int, default=100, help="EoMT's queries (its semantic setting)")
+    sh.add_argument(
+        "--precision", choices=sorted(PRECISIONS), default="fp32", help="autocast dtype (bf16 on CPU: CPU autocast)"
+    )
+    sh.add_argument("--steps", type=int, default=6, help="timed rounds per model")
+    sh.add_argument("--warmup", type=int, default=1)
+    sh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -114,3 +130,5 @@ def main(argv: list[str] | None = None) -> None:
         print_eval(args, bench_eval(args))
     elif args.command == "eomt-peer":
         run_eomt_peer(args)
+    elif args.command == "seg-heads":
+        run_seg_heads(args)
