@@ -35,6 +35,7 @@ TESTED = {
     "pretrain_mae_imagenet.yaml",
     "pretrain_mpp_imagenet.yaml",
     "demo_panoptic.yaml",
+    "demo_seg_eomt.yaml",
     "eomt_ade20k.yaml",
     "eomt_coco_panoptic.yaml",
     "eomt_coco_instance.yaml",

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 from torchmetrics import MetricCollection
@@ -306,24 +307,37 @@ class UniversalSegmentationTask(BaseTask):
         prediction only (the one evaluated, so that the figure means the same before and
         after annealing), image by image as if each ran alone, with the loss's random points
         drawn from the image's index in its dataset: the split's figure is then the same for
-        any batch size and number of processes. A semantic evaluation batch keeps its label
-        maps at the original size: its loss is not computed (0)."""
+        any batch size and number of processes."""
         sizes = batch.image_sizes.at_stride(self.model.mask_stride)
         if stage == "train":
             return self.criterion(output, self.targets_of(batch), sizes)
-        if isinstance(batch, SegmentedImages):
-            return Losses(output.class_logits.new_zeros(()))
-        return sum_losses([self.image_loss(output, batch, i) for i in range(len(batch.targets))])
+        targets = self.eval_loss_targets(batch)
+        return sum_losses([self.image_loss(output, batch, i, t) for i, t in enumerate(targets)])
 
-    def image_loss(self, output: MaskClassOutput, batch: PanopticImages, i: int) -> Losses:
-        """Image `i`'s evaluation loss: its own part of the mask grid, its own points."""
+    def eval_loss_targets(self, batch: PanopticImages | SegmentedImages) -> Sequence[SegmentTargets]:
+        """The segments an evaluation loss is scored on, at each image's pixels: a semantic
+        batch's label maps (kept at their original size for the metrics) resized to the image
+        (nearest) first."""
+        if not isinstance(batch, SegmentedImages):
+            return batch.targets
+        out = []
+        for i, ((h, w), (mh, mw)) in enumerate(zip(batch.image_sizes.sizes, batch.mask_sizes.sizes, strict=True)):
+            label_map = batch.mask[i : i + 1, :mh, :mw]
+            if (mh, mw) != (h, w):
+                label_map = F.interpolate(label_map[None].float(), size=(h, w), mode="nearest")[0].long()
+            out.append(label_map_segments(label_map[0], self.num_classes, self.ignore_index))
+        return out
+
+    def image_loss(self, output: MaskClassOutput, batch: Any, i: int, targets: SegmentTargets) -> Losses:
+        """Image `i`'s evaluation loss against `targets`: its own part of the mask grid, its
+        own points."""
         h, w = batch.image_sizes.sizes[i]
         patch, stride = self.backbone.patch_size, self.model.mask_stride
         rows, cols = -(-h // patch[0]) * patch[0] // stride, -(-w // patch[1]) * patch[1] // stride
         alone = MaskClassOutput(output.class_logits[i : i + 1], output.mask_logits[i : i + 1, :, :rows, :cols])
         generator = torch.Generator(output.mask_logits.device).manual_seed(int(batch.index[i]))
         sizes = ImageSizes.of([(h, w)]).at_stride(stride)
-        return self.criterion(alone, [batch.targets[i]], sizes, generator=generator)
+        return self.criterion(alone, [targets], sizes, generator=generator)
 
     def per_image(self, output: MaskClassOutput, batch: PanopticImages) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per image, class logits [Q, K + 1] and mask logits [Q, H0, W0] at its original size."""
@@ -332,7 +346,7 @@ class UniversalSegmentationTask(BaseTask):
     def semantic_logits(self, batch: SegmentedImages) -> list[torch.Tensor]:
         """Per image, class scores [1, K, h, w] at its label map's size, from sliding windows."""
         return self.model.segment(
-            batch.image, batch.image_sizes, batch.mask_sizes.sizes, self.stride, self.window, self.window_batch_size
+            batch.image, batch.image_sizes, batch.mask_sizes.sizes, self.window, self.stride, self.window_batch_size
         )
 
     def update_metrics(
