@@ -224,6 +224,7 @@ class ResultWriter(BasePredictionWriter):
             indexes=indexes,
             image_ids=[dataset_image_id(dataset, i) for i in indexes],
             file_names=[dataset.file_names[i] if hasattr(dataset, "file_names") else None for i in indexes],
+            output_names=[output_name(dataset, i) for i in indexes],
         )
         results = pl_module.to_results(prediction, context)
         if not results:
@@ -231,10 +232,9 @@ class ResultWriter(BasePredictionWriter):
         self.result_type = type(results[0])
         folder = self.files_path(self.result_type)
         for index, result in zip(indexes, results, strict=True):
-            name = output_name(dataset, index)
             if folder is not None:
-                result.write(folder, name, self.options)
-            self.rows += result.rows(name)
+                result.write(folder, output_name(dataset, index), self.options)
+            self.rows += result.rows()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.result_type is None:  # nothing was predicted (every image skipped): no table to write

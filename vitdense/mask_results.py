@@ -129,10 +129,10 @@ class PanopticResult(Origin):
                 return
             Image.fromarray(self.draw(image, options.alpha)).save(folder / f"{name}_overlay.jpg")
 
-    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """The image's COCO panoptic annotation: image_id, file_name (its PNG under the
-        files folder), segments_info."""
-        png = f"{name}.png" if name is not None else None
+        files folder, `output_name`), segments_info."""
+        png = f"{self.output_name}.png" if self.output_name is not None else None
         return [{"image_id": self.image_id, "file_name": png, "segments_info": self.segments_info()}]
 
     @classmethod
@@ -231,7 +231,7 @@ class InstanceResult(Origin):
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(self.above(options.score_threshold).draw(image, options.alpha)).save(path)
 
-    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """COCO results entries (what `COCO.loadRes` reads): image_id, the dataset's
         category_id, segmentation (compressed RLE), bbox, score; and the image's file_name
         when it came from a folder."""

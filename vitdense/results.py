@@ -6,8 +6,7 @@ A result type (`Result`) declares, for its family:
     from_prediction(prediction, context)  the task's `predict_step` output -> one result per image
     to_dict()                             plain JSON (what `python -m vitdense serve` answers)
     write(folder, name, options)          the image's own files (`python -m vitdense predict`)
-    rows(name) / write_table(rows, path)  its lines in the run's table (CSV, COCO JSON), if any
-                                          (`name`: its files' name, for tables that refer to them)
+    rows() / write_table(rows, path)      its lines in the run's table (CSV, COCO JSON), if any
 
 and a task names its type (`BaseTask.result_type`); `vitdense.load`, `predict`'s writer
 (`vitdense.callbacks.ResultWriter`) and the server hold no list of task types. The export
@@ -55,6 +54,7 @@ class ResultContext:
         indexes: each image's position in the dataset predicted on, or None.
         image_ids: each image's id in its dataset (COCO's `image_id`), or None.
         file_names: each image's file name relative to the folder predicted on, or None.
+        output_names: the name each image's files are written under (`predict`), or None.
     """
 
     class_names: Sequence[str]
@@ -64,6 +64,7 @@ class ResultContext:
     indexes: Sequence[int | None] = ()
     image_ids: Sequence[int | None] = ()
     file_names: Sequence[str | None] = ()
+    output_names: Sequence[str | None] = ()
 
     def origin(self, i: int) -> dict[str, Any]:
         """Image `i`'s source, id and file name, as a result's keyword fields."""
@@ -76,6 +77,7 @@ class ResultContext:
             "index": at(self.indexes),
             "image_id": at(self.image_ids),
             "file_name": at(self.file_names),
+            "output_name": at(self.output_names),
         }
 
 
@@ -104,7 +106,7 @@ class Result(Protocol):
 
     def write(self, folder: Path, name: str, options: WriteOptions) -> None: ...
 
-    def rows(self, name: str | None = None) -> list[dict[str, Any]]: ...
+    def rows(self) -> list[dict[str, Any]]: ...
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None: ...
@@ -119,17 +121,20 @@ class Origin:
         index: its position in the dataset predicted on, or None.
         image_id: its id in the dataset predicted on (COCO's `image_id`), or None.
         file_name: its file name relative to the folder predicted on, or None.
+        output_name: the name its files are written under by `predict` (`write`'s `name`;
+            tables that refer to the files use it), or None.
     """
 
     source: str | None = field(default=None, kw_only=True)
     index: int | None = field(default=None, kw_only=True)
     image_id: int | None = field(default=None, kw_only=True)
     file_name: str | None = field(default=None, kw_only=True)
+    output_name: str | None = field(default=None, kw_only=True, repr=False)
 
     def write(self, folder: Path, name: str, options: WriteOptions) -> None:
         """No files of its own (a family with a table only)."""
 
-    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         return []
 
     @classmethod
@@ -193,7 +198,7 @@ class ClassificationResult(Origin):
         top = [{"class": c, "name": n, "prob": p} for c, n, p in zip(self.classes, self.names, self.probs, strict=True)]
         return {"task": "classification", "size": list(self.size), "source": self.source, "top_k": top}
 
-    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """One CSV row: the image's index in its dataset, its file, then class_i, prob_i."""
         row: dict[str, Any] = {"index": self.index if self.index is not None else -1, "path": self.source or ""}
         for i, (name, prob) in enumerate(zip(self.names, self.probs, strict=True), 1):
@@ -377,7 +382,7 @@ class DetectionResult(Origin):
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(self.above(options.score_threshold).draw(image)).save(path)
 
-    def rows(self, name: str | None = None) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """COCO results entries (what `COCO.loadRes` reads): `image_id`, the dataset's
         `category_id` (1..K without ids), `bbox` [x, y, width, height] pixels, `score`; and
         the image's `file_name` when it came from a folder."""
