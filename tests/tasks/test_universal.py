@@ -146,6 +146,8 @@ def test_semantic_segmentation_trains_on_label_maps():
     b = next(iter(data.val_dataloader()))
     prediction = t.eval().predict_step(b, 0)
     assert [tuple(x.shape) for x in prediction.labels] == [tuple(s) for s in b.mask_sizes.sizes]
+    pixels = [np.zeros((*s, 3), np.uint8) for s in b.image_sizes.sizes]
+    assert len(t.draw_batch(b, pixels, np.full((3, 3), 200, np.uint8))) == len(pixels)
 
 
 # ---------------------------------------------------------------------- the whole run, CLI to server

@@ -36,8 +36,8 @@ from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.panoptic_metrics import PQ_KEYS, InstanceMeanAP, PanopticQuality
 from vitdense.results import SegmentationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
-from vitdense.tasks.detection import MAP_KEYS, map_backend
-from vitdense.tasks.pictures import draw_panoptic
+from vitdense.tasks.detection import MAP_KEYS, CriterionFactory, map_backend
+from vitdense.tasks.pictures import draw_panoptic, draw_segmented
 from vitdense.types import (
     ImageSizes,
     InstancePrediction,
@@ -46,6 +46,7 @@ from vitdense.types import (
     MaskClassOutput,
     PanopticImages,
     PanopticPrediction,
+    PanopticSegments,
     SegmentationPrediction,
     SegmentedImages,
     SegmentTargets,
@@ -61,9 +62,6 @@ DEFAULT_EOMT_HEAD = partial(EoMTHead, num_queries=200, num_blocks=4)
 #: mask resolution follows it): `head(embed_dim, num_classes, patch_size)`; in YAML a class_path
 #: (+ init_args for everything but those three), e.g. vitdense.heads.EoMTHead
 EoMTHeadFactory = Callable[[int, int, int], nn.Module]
-
-#: the loss from the number of classes K: `criterion(num_classes)`; default Mask2Former's settings
-CriterionFactory = Callable[[int], nn.Module]
 
 #: what each kind of evaluation logs, the first being the one checkpoints are chosen by
 LOGGED = {
@@ -371,7 +369,8 @@ class UniversalSegmentationTask(BaseTask):
                 scores = semantic_inference(c, m)
                 metrics["semantic"].update(scores.argmax(0)[None], semantic_map(truth, self.ignore_index)[None])
 
-    def panoptic(self, class_logits: torch.Tensor, mask_logits: torch.Tensor):
+    def panoptic(self, class_logits: torch.Tensor, mask_logits: torch.Tensor) -> PanopticSegments:
+        """One image's panoptic segments from its class logits [Q, K + 1] and mask logits [Q, H, W]."""
         return panoptic_inference(
             class_logits,
             mask_logits,
@@ -400,9 +399,16 @@ class UniversalSegmentationTask(BaseTask):
 
     def draw_batch(self, batch: PanopticImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
         """Per image: its ground-truth segments beside the predicted ones (panoptic or
-        instance), each segment in its class colour, at the image's original size."""
+        instance), each segment in its class colour, at the image's original size; a semantic
+        batch's label maps as `SegmentationTask` draws them."""
         if isinstance(batch, SegmentedImages):
-            return []
+            targets = [batch.mask[i, :h, :w] for i, (h, w) in enumerate(batch.mask_sizes.sizes)]
+            return [
+                draw_segmented(
+                    image, t.cpu().numpy(), s[0].argmax(0).cpu().numpy(), palette, self.class_names, self.ignore_index
+                )
+                for image, t, s in zip(pixels, targets, self.semantic_logits(batch), strict=True)
+            ]
         logits = self.per_image(self.forward_batch(batch, "val"), batch)
         pictures = []
         for image, (c, m), truth in zip(pixels, logits, batch.eval_targets, strict=True):
