@@ -2,6 +2,7 @@
 
 from vitdense.heads.classification import ClassificationHead, pool_tokens
 from vitdense.heads.detr import DETRHead
+from vitdense.heads.dpt import DPTHead
 from vitdense.heads.eomt import EoMTHead
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
 from vitdense.heads.lwdetr import LWDETRHead
@@ -11,6 +12,7 @@ from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 __all__ = [
     "ClassificationHead",
     "DETRHead",
+    "DPTHead",
     "EoMTHead",
     "LinearDecoder",
     "LinearProbeHead",
