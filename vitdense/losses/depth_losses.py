@@ -119,8 +119,8 @@ def compute_scale_and_shift(
 
 class ScaleShiftInvariantLoss(nn.Module):
     """MiDaS's scale- and shift-invariant loss (Ranftl et al., "Towards Robust Monocular
-    Depth Estimation: Mixing Datasets for Zero-shot Cross-dataset Transfer", TPAMI 2020,
-    eqs. 1-4 and 11: L_ssimse + alpha * L_reg), in disparity space.
+    Depth Estimation: Mixing Datasets for Zero-shot Cross-dataset Transfer", TPAMI 2020:
+    L_ssimse + alpha * L_reg), in disparity space.
 
     Per image, the prediction is aligned to the target by the least-squares scale and shift
     over its valid pixels (`compute_scale_and_shift`; gradients flow through s and t), and
