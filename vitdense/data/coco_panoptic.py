@@ -628,9 +628,12 @@ class CocoSegmentsDataModule(ImageDataModule):
     Training: flip, large-scale jitter of `img_size` by `scale_range`, black padding and an
     `img_size` x `img_size` crop (`panoptic_train_transforms`); evaluation: the long side
     resized to `eval_size` (`panoptic_eval_transforms`, = `preprocess()`). A subclass sets
-    the categories (`set_categories`) in `__init__`.
+    the categories (`set_categories`) in `__init__` and reads a split's files (`read_index`).
 
     Args:
+        root: dataset folder.
+        splits: per split ("train", "val", "test"), its image folder and annotation file
+            under `root` (then whatever else the subclass's format needs, the PNG folder).
         img_size: side of the square training crops and the jitter's target (EoMT: 640).
         scale_range: the jitter's range (EoMT on COCO: (0.1, 2.0)).
         eval_size: long side of evaluation images (None: img_size, EoMT's).
@@ -648,6 +651,8 @@ class CocoSegmentsDataModule(ImageDataModule):
     def __init__(
         self,
         *,
+        root: str,
+        splits: dict[str, tuple[str, ...]],
         img_size: int,
         scale_range: tuple[float, float],
         eval_size: int | None,
@@ -665,6 +670,17 @@ class CocoSegmentsDataModule(ImageDataModule):
             raise DataError(f"data.init_args.scale_range={list(scale_range)}: expected [low, high] with low <= high")
         self.scale_range = (float(scale_range[0]), float(scale_range[1]))
         self.eval_size = eval_size or img_size
+        self.root = Path(root)
+        #: per split ("train", "val", "test"): (image folder, annotation file, ...) under `root`
+        self.splits = splits
+        self.indexes: dict[str, SegmentIndex] = {}
+
+    def annotation_path(self, split: str) -> Path:
+        return self.root / self.splits[split][1]
+
+    @property
+    def train_location(self) -> str:
+        return str(self.annotation_path("train"))
 
     def set_categories(self, categories: SegmentCategories) -> None:
         """The classes: labels, names, things, colours (what the CLI links into the task)."""
@@ -684,8 +700,15 @@ class CocoSegmentsDataModule(ImageDataModule):
         return index
 
     def index(self, split: str) -> SegmentIndex:
-        """The checked index of `split` ("train", "val" or "test")."""
-        raise NotImplementedError(f"{type(self).__name__} must implement index")
+        """The checked index of `split` ("train", "val" or "test"), read once; its
+        categories must be the validation set's."""
+        if split not in self.indexes:
+            self.indexes[split] = self.checked(self.read_index(split), self.annotation_path("val"))
+        return self.indexes[split]
+
+    def read_index(self, split: str) -> SegmentIndex:
+        """The index of `split`, read from its files (a subclass's format)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement read_index")
 
     def train_transforms(self) -> A.Compose:
         return self.seeded(panoptic_train_transforms(self.img_size, self.scale_range, self.mean, self.std))
@@ -757,6 +780,12 @@ class CocoPanopticDataModule(CocoSegmentsDataModule):
         predict_dir: str | None = None,
     ) -> None:
         super().__init__(
+            root=root,
+            splits={
+                "train": (train_images, train_annotations, train_masks),
+                "val": (val_images, val_annotations, val_masks),
+                "test": (test_images or val_images, test_annotations or val_annotations, test_masks or val_masks),
+            },
             img_size=img_size,
             scale_range=scale_range,
             eval_size=eval_size,
@@ -766,12 +795,6 @@ class CocoPanopticDataModule(CocoSegmentsDataModule):
             std=std,
             predict_dir=predict_dir,
         )
-        self.root = Path(root)
-        self.splits = {
-            "train": (train_images, train_annotations, train_masks),
-            "val": (val_images, val_annotations, val_masks),
-            "test": (test_images or val_images, test_annotations or val_annotations, test_masks or val_masks),
-        }
         if categories is None:
             self.set_categories(self.read_categories())
         else:
@@ -791,10 +814,6 @@ class CocoPanopticDataModule(CocoSegmentsDataModule):
             categories=dict(zip(self.category_ids, self.class_names, strict=True)),
             thing_ids=[c for c, thing in zip(self.category_ids, self.is_thing, strict=True) if thing],
         )
-        self.indexes: dict[str, SegmentIndex] = {}
-
-    def annotation_path(self, split: str) -> Path:
-        return self.root / self.splits[split][1]
 
     def read_categories(self) -> SegmentCategories:
         """The dataset's categories, from the validation JSON."""
@@ -807,17 +826,9 @@ class CocoPanopticDataModule(CocoSegmentsDataModule):
             )
         return read_segment_categories(path, panoptic=True)
 
-    @property
-    def train_location(self) -> str:
-        return str(self.annotation_path("train"))
-
-    def index(self, split: str) -> SegmentIndex:
-        """The split's checked JSON (read once); its categories must be the validation set's."""
-        if split not in self.indexes:
-            images, _, masks = self.splits[split]
-            index = load_coco_panoptic(self.annotation_path(split), self.root / images, self.root / masks)
-            self.indexes[split] = self.checked(index, self.annotation_path("val"))
-        return self.indexes[split]
+    def read_index(self, split: str) -> SegmentIndex:
+        images, _, masks = self.splits[split]
+        return load_coco_panoptic(self.annotation_path(split), self.root / images, self.root / masks)
 
 
 class CocoInstanceMaskDataModule(CocoSegmentsDataModule):
@@ -859,6 +870,12 @@ class CocoInstanceMaskDataModule(CocoSegmentsDataModule):
         predict_dir: str | None = None,
     ) -> None:
         super().__init__(
+            root=root,
+            splits={
+                "train": (train_images, train_annotations),
+                "val": (val_images, val_annotations),
+                "test": (test_images or val_images, test_annotations or val_annotations),
+            },
             img_size=img_size,
             scale_range=scale_range,
             eval_size=eval_size,
@@ -868,12 +885,6 @@ class CocoInstanceMaskDataModule(CocoSegmentsDataModule):
             std=std,
             predict_dir=predict_dir,
         )
-        self.root = Path(root)
-        self.splits = {
-            "train": (train_images, train_annotations),
-            "val": (val_images, val_annotations),
-            "test": (test_images or val_images, test_annotations or val_annotations),
-        }
         if categories is None:
             path = self.annotation_path("val")
             if not path.is_file():
@@ -886,19 +897,7 @@ class CocoInstanceMaskDataModule(CocoSegmentsDataModule):
             ids = [int(c) for c in categories]
             self.set_categories(SegmentCategories(ids, list(categories.values()), [True] * len(ids)))
         self.record(categories=dict(zip(self.category_ids, self.class_names, strict=True)))
-        self.indexes: dict[str, SegmentIndex] = {}
 
-    def annotation_path(self, split: str) -> Path:
-        return self.root / self.splits[split][1]
-
-    @property
-    def train_location(self) -> str:
-        return str(self.annotation_path("train"))
-
-    def index(self, split: str) -> SegmentIndex:
-        """The split's checked JSON (read once); its categories must be the validation set's."""
-        if split not in self.indexes:
-            images, _ = self.splits[split]
-            index = load_coco_instance_masks(self.annotation_path(split), self.root / images)
-            self.indexes[split] = self.checked(index, self.annotation_path("val"))
-        return self.indexes[split]
+    def read_index(self, split: str) -> SegmentIndex:
+        images, _ = self.splits[split]
+        return load_coco_instance_masks(self.annotation_path(split), self.root / images)
