@@ -33,7 +33,12 @@ _logger = logging.getLogger(__name__)
 
 def mask_box(mask: np.ndarray) -> list[float]:
     """COCO's bbox [x, y, width, height] of a [H, W] bool mask ([0, 0, 0, 0] if empty)."""
-    return [float(v) for v in mask_utils.toBbox(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8))))]
+    return rle_box(mask_utils.encode(np.asfortranarray(mask.astype(np.uint8))))
+
+
+def rle_box(rle: dict[str, Any]) -> list[float]:
+    """COCO's bbox [x, y, width, height] of a mask as COCO's RLE (counts as bytes or text)."""
+    return [float(v) for v in mask_utils.toBbox(rle)]
 
 
 @dataclass(frozen=True)
@@ -237,7 +242,8 @@ class InstanceResult(Origin):
         when it came from a folder."""
         named = {"file_name": self.file_name} if self.file_name is not None else {}
         rows = instance_results(self.instances(), self.image_id, self.category_ids)
-        return [{**row, "bbox": mask_box(mask), **named} for row, mask in zip(rows, self.masks, strict=True)]
+        # (the box from the row's RLE: each mask encoded once)
+        return [{**row, "bbox": rle_box(row["segmentation"]), **named} for row in rows]
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:
@@ -246,12 +252,9 @@ class InstanceResult(Origin):
     def to_dict(self) -> dict[str, Any]:
         """Instances (class, name, category id, score, bbox, RLE mask)."""
         instances = [
-            {**row, "class": int(label), "name": self.class_names[int(label)], "bbox": mask_box(mask)}
-            for row, label, mask in zip(
-                instance_results(self.instances(), self.image_id, self.category_ids),
-                self.labels,
-                self.masks,
-                strict=True,
+            {**row, "class": int(label), "name": self.class_names[int(label)], "bbox": rle_box(row["segmentation"])}
+            for row, label in zip(
+                instance_results(self.instances(), self.image_id, self.category_ids), self.labels, strict=True
             )
         ]
         return {"task": "instance", "size": list(self.size), "source": self.source, "instances": instances}
