@@ -70,6 +70,28 @@ class CocoIndex:
         return [image.id for image in self.images]
 
 
+def image_entries(
+    data: dict[str, Any], path: Path, image_dir: Path, check_files: bool, hint: str = ""
+) -> dict[int, dict[str, Any]]:
+    """The checked `images` of the COCO JSON `data` read from `path`, by id: each with id,
+    file_name, height and width, ids unique, and (with `check_files`) its file in
+    `image_dir`. `hint` ends the message of a missing image folder (the expected layout)."""
+    if not image_dir.is_dir():
+        raise FileNotFoundError(f"{image_dir}: image folder not found (listed by {path}){hint}")
+    entries: dict[int, dict[str, Any]] = {}
+    for i, img in enumerate(data["images"]):
+        _require(img, ("id", "file_name", "height", "width"), f"images[{i}]", path)
+        if img["id"] in entries:
+            raise DataError(f"{path}: images[{i}] repeats image id {img['id']}; image ids must be unique")
+        if check_files and not (image_dir / img["file_name"]).is_file():
+            raise DataError(
+                f"{path}: images[{i}] (id {img['id']}) lists {img['file_name']!r}, which is not in {image_dir}; "
+                "add the file or remove the entry"
+            )
+        entries[img["id"]] = img
+    return entries
+
+
 def _require(entry: Any, keys: tuple[str, ...], where: str, path: Path) -> None:
     if not isinstance(entry, dict):
         raise DataError(f"{path}: {where} is a {type(entry).__name__}, expected an object with {', '.join(keys)}")
@@ -125,20 +147,7 @@ def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: b
     _require(data, ("images", "annotations", "categories"), "the file", path)
     category_ids, class_names = _categories(data, path)
     label_of = {cid: label for label, cid in enumerate(category_ids)}
-    if not image_dir.is_dir():
-        raise FileNotFoundError(f"{image_dir}: image folder not found (listed by {path}); expected layout {LAYOUT}")
-
-    entries: dict[int, dict[str, Any]] = {}
-    for i, img in enumerate(data["images"]):
-        _require(img, ("id", "file_name", "height", "width"), f"images[{i}]", path)
-        if img["id"] in entries:
-            raise DataError(f"{path}: images[{i}] repeats image id {img['id']}; image ids must be unique")
-        if check_files and not (image_dir / img["file_name"]).is_file():
-            raise DataError(
-                f"{path}: images[{i}] (id {img['id']}) lists {img['file_name']!r}, which is not in {image_dir}; "
-                "add the file or remove the entry"
-            )
-        entries[img["id"]] = img
+    entries = image_entries(data, path, image_dir, check_files, f"; expected layout {LAYOUT}")
     objects: dict[int, list[dict[str, Any]]] = {k: [] for k in entries}
     for i, ann in enumerate(data["annotations"]):
         name = f"annotations[{i}] (id {ann.get('id', '?')})" if isinstance(ann, dict) else f"annotations[{i}]"

@@ -53,7 +53,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
-from vitdense.data.coco_json import _load_json, _require
+from vitdense.data.coco_json import _load_json, _require, image_entries
 from vitdense.data.images import apply_orientation, read_image
 from vitdense.data.panoptic_transforms import EOMT_SCALE_RANGE, panoptic_eval_transforms, panoptic_train_transforms
 from vitdense.errors import DataError
@@ -227,25 +227,6 @@ class SegmentIndex:
         raise NotImplementedError
 
 
-def _image_entries(data: dict[str, Any], path: Path, image_dir: Path, check_files: bool) -> dict[int, dict[str, Any]]:
-    """The checked `images` of a COCO JSON file, by id."""
-    _require(data, ("images", "annotations"), "the file", path)
-    if not image_dir.is_dir():
-        raise FileNotFoundError(f"{image_dir}: image folder not found (listed by {path})")
-    entries: dict[int, dict[str, Any]] = {}
-    for i, img in enumerate(data["images"]):
-        _require(img, ("id", "file_name", "height", "width"), f"images[{i}]", path)
-        if img["id"] in entries:
-            raise DataError(f"{path}: images[{i}] repeats image id {img['id']}; image ids must be unique")
-        if check_files and not (image_dir / img["file_name"]).is_file():
-            raise DataError(
-                f"{path}: images[{i}] (id {img['id']}) lists {img['file_name']!r}, which is not in {image_dir}; "
-                "add the file or remove the entry"
-            )
-        entries[img["id"]] = img
-    return entries
-
-
 def _unknown_category(path: Path, where: str, category_id: Any, categories: SegmentCategories) -> DataError:
     return DataError(
         f"{path}: {where} has category_id {category_id}, which 'categories' does not list "
@@ -321,7 +302,8 @@ def load_coco_panoptic(
     data = _load_json(path)
     categories = _segment_categories(data, path, panoptic=True)
     label_of = categories.label_of
-    entries = _image_entries(data, path, image_dir, check_files)
+    _require(data, ("images", "annotations"), "the file", path)
+    entries = image_entries(data, path, image_dir, check_files)
     if not mask_dir.is_dir():
         raise FileNotFoundError(
             f"{mask_dir}: folder of panoptic PNGs not found (listed by {path}); expected layout {PANOPTIC_LAYOUT}"
@@ -481,7 +463,8 @@ def load_coco_instance_masks(
     data = _load_json(path)
     categories = _segment_categories(data, path, panoptic=False)
     label_of = categories.label_of
-    entries = _image_entries(data, path, image_dir, check_files)
+    _require(data, ("images", "annotations"), "the file", path)
+    entries = image_entries(data, path, image_dir, check_files)
     objects: dict[int, list[tuple[Any, dict[str, Any]]]] = {k: [] for k in entries}
     short_parts, dropped, example = 0, 0, None
     for i, ann in enumerate(data["annotations"]):
