@@ -6,6 +6,11 @@ of (seed, split, index), so runs are reproducible and workers need no shared sta
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -14,6 +19,45 @@ from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.classification import ClassificationDataModule
 from vitdense.errors import DataError
 from vitdense.types import LabeledImages
+
+_logger = logging.getLogger(__name__)
+
+
+class WrittenOnFirstUse:
+    """A DataModule mixin for generated datasets written to disk and then read through the
+    real reader of their format (COCO detection, COCO panoptic): the files are written once
+    under `root` (by one process per node, in `prepare_data`; in `setup` too, for use
+    without a Trainer), with a `meta.json` of the settings (`synthetic`) written last;
+    different settings, or a split's annotation file gone, write them again. A subclass
+    writes its splits (`write_splits`) and names what it writes (`kind`)."""
+
+    root: Path
+    synthetic: dict[str, Any]
+    #: what is written, for the log ("detection", "panoptic")
+    kind: str = "synthetic"
+
+    def write_splits(self) -> None:
+        """Write every split's images and annotations under `root`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement write_splits")
+
+    def write_if_missing(self) -> None:
+        meta = self.root / "meta.json"
+        complete = all(self.annotation_path(split).is_file() for split in ("train", "val"))
+        if complete and meta.is_file() and json.loads(meta.read_text()) == self.synthetic:
+            return
+        _logger.info("writing the synthetic %s dataset to %s", self.kind, self.root)
+        meta.unlink(missing_ok=True)
+        self.write_splits()
+        meta.write_text(json.dumps(self.synthetic))
+
+    def prepare_data(self) -> None:
+        if not (self.predict_dir is not None and self.trainer is not None and self.trainer.predicting):
+            self.write_if_missing()
+
+    def setup_splits(self, stage: str) -> None:
+        self.write_if_missing()  # setup without a Trainer (tests, notebooks) skips prepare_data
+        super().setup_splits(stage)
+
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "diamond")
 

@@ -10,7 +10,6 @@ between category ids and contiguous labels is exercised wherever this data is us
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,8 @@ from PIL import Image
 
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.coco import COCODataModule
-from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
+from vitdense.data.synthetic import SHAPES, WrittenOnFirstUse, draw_shape, textured_background
 from vitdense.errors import DataError
-
-_logger = logging.getLogger(__name__)
 
 
 def synthetic_objects(
@@ -105,7 +102,7 @@ def write_synthetic_coco(
 SYNTHETIC_DET_LOADER = LoaderConfig(batch_size=16)
 
 
-class SyntheticDetectionDataModule(COCODataModule):
+class SyntheticDetectionDataModule(WrittenOnFirstUse, COCODataModule):
     """Synthetic shapes as a COCO dataset, generated on first use under `root`.
 
     The files are written once (by one process per node, in `prepare_data`) and then read
@@ -125,6 +122,8 @@ class SyntheticDetectionDataModule(COCODataModule):
             img_size unless that bound is hit).
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
+
+    kind = "detection"
 
     def __init__(
         self,
@@ -177,21 +176,7 @@ class SyntheticDetectionDataModule(COCODataModule):
         k = self.synthetic["num_classes"]
         return [category_id(i) for i in range(k)], list(SHAPES[:k])
 
-    def write_if_missing(self) -> None:
-        meta = self.root / "meta.json"
-        if meta.is_file() and json.loads(meta.read_text()) == self.synthetic:
-            return
-        _logger.info("writing the synthetic detection dataset to %s", self.root)
+    def write_splits(self) -> None:
         s = self.synthetic
-        meta.unlink(missing_ok=True)
         for split, size in (("train", s["train_size"]), ("val", s["val_size"])):
             write_synthetic_coco(self.root, split, size, s["img_size"], s["num_classes"], s["seed"])
-        meta.write_text(json.dumps(self.synthetic))
-
-    def prepare_data(self) -> None:
-        if not (self.predict_dir is not None and self.trainer is not None and self.trainer.predicting):
-            self.write_if_missing()
-
-    def setup_splits(self, stage: str) -> None:
-        self.write_if_missing()  # setup without a Trainer (tests, notebooks) skips prepare_data
-        super().setup_splits(stage)

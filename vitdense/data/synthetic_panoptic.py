@@ -16,7 +16,6 @@ the PNG's RGB encoding is too.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +24,8 @@ from scipy.ndimage import find_objects
 
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.coco_panoptic import CocoPanopticDataModule, SegmentCategories
+from vitdense.data.synthetic import WrittenOnFirstUse
 from vitdense.panoptic import id2rgb
-
-_logger = logging.getLogger(__name__)
 
 #: (category id, name, is a thing, colour), in the JSON's (label) order: things first, as COCO's
 CATEGORIES = (
@@ -228,7 +226,7 @@ def write_synthetic_panoptic(root: str | Path, split: str, num_images: int, img_
 SYNTHETIC_PANOPTIC_LOADER = LoaderConfig(batch_size=16)
 
 
-class SyntheticPanopticDataModule(CocoPanopticDataModule):
+class SyntheticPanopticDataModule(WrittenOnFirstUse, CocoPanopticDataModule):
     """Synthetic landscapes with shapes as a COCO panoptic dataset (3 thing and 3 stuff
     classes), generated on first use under `root` and then read like COCO panoptic.
 
@@ -245,6 +243,8 @@ class SyntheticPanopticDataModule(CocoPanopticDataModule):
             shapes at the scale it is evaluated at).
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
+
+    kind = "panoptic"
 
     def __init__(
         self,
@@ -285,22 +285,7 @@ class SyntheticPanopticDataModule(CocoPanopticDataModule):
     def read_categories(self) -> SegmentCategories:
         return synthetic_categories()
 
-    def write_if_missing(self) -> None:
-        meta = self.root / "meta.json"
-        splits = (("train", self.synthetic["train_size"]), ("val", self.synthetic["val_size"]))
-        complete = all((self.root / "annotations" / f"panoptic_{split}.json").is_file() for split, _ in splits)
-        if complete and meta.is_file() and json.loads(meta.read_text()) == self.synthetic:
-            return
-        _logger.info("writing the synthetic panoptic dataset to %s", self.root)
-        meta.unlink(missing_ok=True)
-        for split, size in splits:
-            write_synthetic_panoptic(self.root, split, size, self.synthetic["img_size"], self.synthetic["seed"])
-        meta.write_text(json.dumps(self.synthetic))
-
-    def prepare_data(self) -> None:
-        if not (self.predict_dir is not None and self.trainer is not None and self.trainer.predicting):
-            self.write_if_missing()
-
-    def setup_splits(self, stage: str) -> None:
-        self.write_if_missing()  # setup without a Trainer (tests, notebooks) skips prepare_data
-        super().setup_splits(stage)
+    def write_splits(self) -> None:
+        s = self.synthetic
+        for split, size in (("train", s["train_size"]), ("val", s["val_size"])):
+            write_synthetic_panoptic(self.root, split, size, s["img_size"], s["seed"])
