@@ -16,6 +16,7 @@ import io
 import json
 import logging
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -99,11 +100,17 @@ class PanopticResult(Origin):
     def segments(self) -> PanopticSegments:
         return PanopticSegments(self.id_map, self.ids, self.labels, self.scores)
 
+    @cached_property
+    def coco(self) -> tuple[np.ndarray, list[dict[str, Any]]]:
+        """COCO panoptic's files of this image (`vitdense.panoptic.panoptic_png`): the PNG's RGB
+        [H, W, 3] and the segments' id, category_id and area; made once (`predict` writes the
+        PNG and the JSON row of each image)."""
+        return panoptic_png(self.segments(), None, self.category_ids)
+
     def segments_info(self) -> list[dict[str, Any]]:
-        """COCO panoptic `segments_info` (`vitdense.panoptic.panoptic_png`): id, the
-        dataset's category_id, area, and here also bbox and score (panopticapi ignores keys
-        it does not know)."""
-        _, info = panoptic_png(self.segments(), None, self.category_ids)
+        """COCO panoptic `segments_info`: id, the dataset's category_id, area, and here also
+        bbox and score (panopticapi ignores keys it does not know)."""
+        _, info = self.coco
         scores = dict(zip(self.ids.tolist(), self.scores.tolist(), strict=True))
         masks = {int(i): m for i, m in zip(self.ids, self.masks(), strict=True)}
         return [{**s, "iscrowd": 0, "bbox": mask_box(masks[s["id"]]), "score": scores[s["id"]]} for s in info]
@@ -111,7 +118,7 @@ class PanopticResult(Origin):
     def png(self) -> bytes:
         """The segment ids as COCO panoptic's RGB PNG (id = R + 256 G + 256² B)."""
         buffer = io.BytesIO()
-        Image.fromarray(panoptic_png(self.segments(), None, self.category_ids)[0]).save(buffer, format="PNG")
+        Image.fromarray(self.coco[0]).save(buffer, format="PNG")
         return buffer.getvalue()
 
     def draw(self, image: np.ndarray | Image.Image, alpha: float = 0.5) -> np.ndarray:
