@@ -181,3 +181,17 @@ def draw_segments(
         inner[:, :-1] &= mask[:, 1:]
         out[mask & ~inner] *= 0.3
     return out.round().astype(np.uint8)
+
+
+def colourise(values: np.ndarray, low: float, high: float, valid: np.ndarray | None = None) -> np.ndarray:
+    """[H, W] values (depth) -> [H, W, 3] uint8 on matplotlib's "turbo_r" colour map over
+    [low, high] (near red, far blue); pixels not `valid` (no measurement) are black."""
+    from matplotlib import colormaps  # (lazily: only where depth is drawn)
+
+    span = max(high - low, 1e-12)
+    scaled = np.clip((np.nan_to_num(values.astype(np.float64), nan=high) - low) / span, 0, 1)
+    lut = (colormaps["turbo_r"](np.linspace(0, 1, 256))[:, :3] * 255).round().astype(np.uint8)
+    pixels = lut[(scaled * 255).round().astype(np.int64)]
+    if valid is not None:
+        pixels[~valid] = 0
+    return pixels

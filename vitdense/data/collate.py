@@ -32,7 +32,8 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     when evaluation keeps labels at the annotation's resolution; `LabeledImages` labels are
     stacked; `DetectedImages` and `PanopticImages` keep one target (boxes, or segment masks
     at their image's own size) and one original size and evaluation target per image, as
-    tuples. Padding to a multiple of the patch size is left to the model, which knows the
+    tuples. A sample type with a `collate(samples)` classmethod (`DepthImages`) batches
+    itself. Padding to a multiple of the patch size is left to the model, which knows the
     patch size.
 
     Args:
@@ -47,6 +48,9 @@ def pad_collate(samples: list[Sample], ignore_index: int = 255) -> Sample:
     """
     if not samples:
         raise DataError("pad_collate got no samples; the loader's batch_size must be at least 1")
+    own = getattr(type(samples[0]), "collate", None)
+    if own is not None:  # a family's own batch type (depth's `DepthImages`) pads itself
+        return own(samples)
     batch, image_sizes = pad_stack([s.image for s in samples])
     index = torch.tensor([int(s.index) for s in samples], dtype=torch.int64)
     if isinstance(samples[0], LabeledImages):

@@ -12,6 +12,8 @@ every process of a distributed step runs the same backward).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -53,6 +55,9 @@ class SILogLoss(nn.Module):
         eps: predictions are clamped to at least eps before the log (a ReLU head at 0 would
             give -inf; below eps the gradient is 0, so keep the head's output positive).
     """
+
+    #: what it compares: metric depth (`DepthTask` reads this)
+    space: ClassVar[str] = "depth"
 
     def __init__(self, variance_focus: float = 0.85, scale: float = 10.0, eps: float = 1e-6) -> None:
         super().__init__()
@@ -142,6 +147,9 @@ class ScaleShiftInvariantLoss(nn.Module):
         alpha: weight of the multi-scale gradient matching term (MiDaS's 0.5).
         scales: levels of the gradient matching term (MiDaS's 4).
     """
+
+    #: what it compares: inverse depth (disparity), so `DepthTask` trains relative depth with it
+    space: ClassVar[str] = "disparity"
 
     def __init__(self, alpha: float = 0.5, scales: int = 4) -> None:
         super().__init__()

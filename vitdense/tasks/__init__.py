@@ -3,6 +3,7 @@
 from vitdense.backbone.config import BackboneConfig
 from vitdense.tasks.base import BaseTask
 from vitdense.tasks.classification import ClassificationTask
+from vitdense.tasks.depth import DepthTask
 from vitdense.tasks.detection import DetectionTask
 from vitdense.tasks.linear_probe import LinearProbeTask
 from vitdense.tasks.pretrain import MaskedImageModelingTask
@@ -13,6 +14,7 @@ __all__ = [
     "BackboneConfig",
     "BaseTask",
     "ClassificationTask",
+    "DepthTask",
     "DetectionTask",
     "LinearProbeTask",
     "MaskedImageModelingTask",

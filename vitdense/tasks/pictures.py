@@ -185,3 +185,22 @@ def draw_panoptic(
     row = hstack([caption(p, [(t, (0, 0, 0))]) for p, t in zip(panels, titles, strict=True)])
     present = sorted({int(c) for c in [*truth[1], *predicted[1]]})
     return vstack([row, legend([(class_names[c], palette[c]) for c in present], row.shape[1])])
+
+
+def draw_depth(image: np.ndarray, truth: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """Image | ground truth | prediction, depth colourised on one scale (the ground truth's
+    measured range: near red, far blue; pixels without a measurement black), at the depth
+    maps' size.
+
+    image [h, w, 3] uint8; truth, predicted [H, W] float metres (truth 0: no measurement).
+    """
+    from vitdense.draw import colourise
+
+    size = display_size(truth.shape[:2])
+    valid = truth > 0
+    low, high = (float(truth[valid].min()), float(truth[valid].max())) if valid.any() else (0.0, 1.0)
+    truth_drawn = colourise(truth, low, high, valid)
+    predicted_drawn = colourise(predicted, low, high)
+    panels = [resize(image, size), resize(truth_drawn, size), resize(predicted_drawn, size)]
+    titles = ("image", f"ground truth {low:.2f}-{high:.2f} m", "prediction")
+    return hstack([caption(p, [(t, (0, 0, 0))]) for p, t in zip(panels, titles, strict=True)])
