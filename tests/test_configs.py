@@ -39,6 +39,7 @@ TESTED = {
     "eomt_ade20k.yaml",
     "eomt_coco_panoptic.yaml",
     "eomt_coco_instance.yaml",
+    "demo_depth.yaml",
 }
 
 

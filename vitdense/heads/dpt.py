@@ -131,6 +131,15 @@ class Upsample2x(nn.Module):
         return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
 
 
+def dpt_hooks(depth: int) -> tuple[int, int, int, int]:
+    """The four blocks DPT reads from a backbone of `depth` blocks: its choices for ViT-B
+    (12: 2, 5, 8, 11) and ViT-L (24: 5, 11, 17, 23) are the last block of each quarter; other
+    depths by the same rule (4: 0, 1, 2, 3)."""
+    if depth < 4:
+        raise ValueError(f"DPT reads four blocks, and the backbone has {depth}: use at least 4 blocks")
+    return tuple(round(depth * k / 4) - 1 for k in (1, 2, 3, 4))  # type: ignore[return-value]
+
+
 class DPTHead(nn.Module):
     """DPT's reassemble, fusion and depth head over four blocks of a ViT.
 
@@ -142,7 +151,9 @@ class DPTHead(nn.Module):
         num_outputs: output channels (DPT's depth model: 1).
         features: width of the fusion path (DPT: 256).
         hooks: the four blocks read (DPT: (2, 5, 8, 11) for ViT-B/16, (5, 11, 17, 23) for
-            ViT-L/16); negative indices count from the end, as the backbone's.
+            ViT-L/16); negative indices count from the end, as the backbone's. None: DPT's
+            rule for the backbone's `depth` (`dpt_hooks`; `DepthTask` sets it from its
+            backbone when no hooks are given), ViT-B's without one.
         readout: the class token's use: "ignore" (dropped), "add" (added to every patch token)
             or "project" (concatenated and projected, DPT's default). DPT's distilled-DeiT
             variant averages class and distillation tokens for "add"; here the readout is
@@ -164,13 +175,16 @@ class DPTHead(nn.Module):
         embed_dim: int,
         num_outputs: int = 1,
         features: int = 256,
-        hooks: Sequence[int] = (2, 5, 8, 11),
+        hooks: Sequence[int] | None = None,
         readout: Readout = "project",
         out_channels: Sequence[int] = (96, 192, 384, 768),
         non_negative: bool = True,
         depth: int | None = None,
     ) -> None:
         super().__init__()
+        #: whether the blocks were chosen (False: DPT's rule, which a task may re-apply for its backbone)
+        self.hooks_given = hooks is not None
+        hooks = hooks if hooks is not None else dpt_hooks(depth or 12)
         if len(hooks) != 4 or len(out_channels) != 4:
             raise ValueError(
                 f"DPTHead: hooks={tuple(hooks)} and out_channels={tuple(out_channels)} need 4 entries each "

@@ -30,7 +30,7 @@ from vitdense.depth_metrics import DEPTH_METRIC_NAMES, DepthMetrics
 from vitdense.depth_results import DepthResult
 from vitdense.depth_types import DepthImages, DepthOutput, DepthPrediction
 from vitdense.errors import ConfigError
-from vitdense.heads.dpt import DPTHead
+from vitdense.heads.dpt import DPTHead, dpt_hooks
 from vitdense.heads.factory import HeadSpec, head_factory
 from vitdense.losses.depth_losses import SILogLoss, compute_scale_and_shift
 from vitdense.models import DPT, DepthOutputKind
@@ -45,15 +45,6 @@ LossFactory = Callable[[], nn.Module]
 
 #: DPT's head: 256 fusion channels, the class token projected into every patch token
 DEFAULT_DPT_HEAD = partial(DPTHead, features=256, readout="project")
-
-
-def dpt_hooks(depth: int) -> tuple[int, int, int, int]:
-    """The four blocks DPT reads for a backbone of `depth` blocks: its choices for ViT-B
-    (12: 2, 5, 8, 11) and ViT-L (24: 5, 11, 17, 23), the last block of each quarter; other
-    depths by the same rule."""
-    if depth < 4:
-        raise ConfigError(f"DPT reads four blocks, and the backbone has {depth}: use at least 4 blocks")
-    return tuple(round(depth * k / 4) - 1 for k in (1, 2, 3, 4))  # type: ignore[return-value]
 
 
 def align_inverse_depth(raw: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -150,11 +141,13 @@ class DepthTask(BaseTask):
             self.hparams.pop("loss", None)
 
     def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
-        """The head, reading DPT's blocks for the backbone's depth unless its init_args name them."""
+        """The head, reading DPT's blocks for the backbone's depth unless its `hooks` are given."""
         module = super().configure_head(head, backbone)
-        spec = HeadSpec.of(head)
-        if spec is None or "hooks" not in spec.init_args:
-            module.hooks = dpt_hooks(backbone.depth)
+        if not getattr(module, "hooks_given", True):
+            try:
+                module.hooks = dpt_hooks(backbone.depth)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if bad := [i for i in module.hooks if not -backbone.depth <= i < backbone.depth]:
             raise ConfigError(f"DPTHead hooks {bad} are out of range for a backbone of {backbone.depth} blocks")
         return module

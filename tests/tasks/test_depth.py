@@ -1,0 +1,215 @@
+"""DepthTask with DPT: fit -> predict (16-bit PNGs) -> load -> serve -> export through the
+task contract, evaluation unpadded per size, relative depth aligned as MiDaS, config errors."""
+
+import base64
+import csv
+import io
+import json
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitdense
+from vitdense.cli import main
+from vitdense.data.collate import pad_collate
+from vitdense.depth_results import DepthResult
+from vitdense.depth_types import DepthImages
+from vitdense.errors import ConfigError
+from vitdense.heads import DPTHead
+from vitdense.heads.dpt import dpt_hooks
+from vitdense.losses import ScaleShiftInvariantLoss, compute_scale_and_shift
+from vitdense.models import DPT
+from vitdense.tasks import BackboneConfig, DepthTask
+from vitdense.tasks.depth import align_inverse_depth
+
+TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4})
+HEAD = partial(DPTHead, features=16, out_channels=(8, 8, 16, 16))
+
+
+def task(**kwargs) -> DepthTask:
+    torch.manual_seed(0)
+    return DepthTask(**{"head": HEAD, "backbone": TINY, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """The demo's task, tiny, fitted for two steps through the CLI on the synthetic rooms: (root, checkpoint)."""
+    root = tmp_path_factory.mktemp("depth")
+    config = root / "config.yaml"
+    data = {
+        "class_path": "vitdense.data.SyntheticDepthDataModule",
+        "init_args": {
+            "root": str(root / "rooms"),
+            "img_size": 32,
+            "train_size": 4,
+            "val_size": 3,
+            "loader": {"batch_size": 2},
+        },
+    }
+    head = {"class_path": "vitdense.heads.DPTHead", "init_args": {"features": 16, "out_channels": [8, 8, 16, 16]}}
+    backbone = {"name": "vit_tiny_patch16_224", "model_args": {"depth": 4}}
+    model = {"class_path": "vitdense.tasks.DepthTask", "init_args": {"head": head, "backbone": backbone}}
+    config.write_text(json.dumps({"model": model, "data": data}))
+    args = ["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false"]
+    main([*args, f"--trainer.default_root_dir={root}", "--trainer.logger=false"])
+    (ckpt,) = (root / "checkpoints").glob("*.ckpt")
+    return root, ckpt
+
+
+@pytest.fixture(scope="module")
+def small():
+    return task().eval()
+
+
+def test_hooks_follow_dpt_per_depth_unless_given(small):
+    assert dpt_hooks(12) == (2, 5, 8, 11) and dpt_hooks(24) == (5, 11, 17, 23)  # DPT's ViT-B and ViT-L
+    assert small.head.hooks == (0, 1, 2, 3)  # the same rule for the 4-block backbone
+    assert task(head=partial(HEAD, hooks=(0, 0, 1, 3))).head.hooks == (0, 0, 1, 3)
+    with pytest.raises(ConfigError, match="out of range"):
+        task(head=partial(HEAD, hooks=(0, 1, 2, 9)))
+
+
+def test_config_errors(small):
+    with pytest.raises(ConfigError, match="set output: inverse"):
+        task(loss=ScaleShiftInvariantLoss)
+    with pytest.raises(ConfigError, match="min_depth < max_depth"):
+        task(min_depth=5.0, max_depth=1.0)
+    t = small
+    sizes = [(32, 48), (32, 32)]
+    batch = pad_collate([DepthImages.of(torch.randn(3, *s), torch.ones(*s), i) for i, s in enumerate(sizes)])
+    with pytest.raises(ConfigError, match="one size"):
+        t.forward_batch(batch, "train")
+
+
+def test_evaluation_gives_each_image_what_it_gives_alone(small):
+    """DPT is not padding-invariant: `estimate` runs each size unpadded, so a padded batch
+    equals each image alone, resized to its depth map's size."""
+    t = small
+    g = torch.Generator().manual_seed(0)
+    images = [
+        torch.randn(3, 32, 48, generator=g),
+        torch.randn(3, 48, 32, generator=g),
+        torch.randn(3, 32, 48, generator=g),
+    ]
+    depth_sizes = [(40, 60), (48, 32), (32, 48)]
+    samples = zip(images, depth_sizes, strict=True)
+    batch = pad_collate([DepthImages.of(x, torch.ones(*s), i) for i, (x, s) in enumerate(samples)])
+    together = t.model.estimate(batch.image, batch.image_sizes, batch.depth_sizes.sizes)
+    for image, size, got in zip(images, depth_sizes, together, strict=True):
+        with torch.no_grad():
+            alone = torch.nn.functional.interpolate(t.model(image[None]), size=size, mode="bilinear")[0, 0]
+        assert got.shape == size
+        torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_model_output_at_input_pixels_for_any_size(small):
+    t = small
+    with torch.no_grad():
+        assert t.model(torch.randn(2, 3, 40, 56)).shape == (2, 1, 40, 56)  # grid 3 x 4, cropped back
+        assert (t.model(torch.randn(1, 3, 32, 32)) >= 0).all()  # DPT's non-negative ReLU
+
+
+def test_inverse_output_is_dpts_invert(small):
+    model = DPT(small.backbone, small.head, "inverse", 0.000305, 0.1378)  # DPT's NYU model
+    raw = torch.tensor([[0.0, 1000.0, 3000.0]])
+    torch.testing.assert_close(model.depth(raw), 1 / (0.000305 * raw + 0.1378))
+    assert DPT(small.backbone, small.head, "inverse").depth(torch.tensor([-1.0]))[0] == pytest.approx(
+        1e8
+    )  # DPT's floor
+    with pytest.raises(ConfigError, match="output='inverse'"):
+        DPT(small.backbone, small.head, "metric", relative=True)
+
+
+def test_relative_depth_is_aligned_in_inverse_depth_before_the_metrics():
+    """MiDaS's / DPT's evaluation of affine-invariant models: a prediction that is an affine
+    map of the true inverse depth evaluates as perfect."""
+    g = torch.Generator().manual_seed(0)
+    depth = torch.rand(24, 32, generator=g) * 8 + 1
+    depth[:3] = 0  # no measurement
+    valid = depth > 0
+    raw = 3.0 * torch.where(valid, 1 / depth.clamp(min=1e-3), torch.zeros_like(depth)) - 0.05
+    aligned = align_inverse_depth(raw, depth, valid)
+    torch.testing.assert_close(aligned[valid], depth[valid], rtol=1e-4, atol=1e-4)
+    assert DPT(*(torch.nn.Identity(),) * 2, "inverse", relative=True).export_names == ("inverse_depth",)
+    s, sh = compute_scale_and_shift(
+        (raw * valid)[None], torch.where(valid, 1 / depth.clamp(min=1e-3), 0)[None], valid[None]
+    )
+    assert float(s) == pytest.approx(1 / 3, rel=1e-4) and float(sh) == pytest.approx(0.05 / 3, rel=1e-3)
+
+
+def test_fit_logs_the_depth_metrics(fitted):
+    root, ckpt = fitted
+    state = torch.load(ckpt, weights_only=True)
+    assert state["hyper_parameters"]["loss"]["class_path"].endswith("SILogLoss")
+    t = DepthTask.load_from_checkpoint(ckpt, weights_only=True)
+    assert isinstance(t.loss, torch.nn.Module) and t.head.hooks == (0, 1, 2, 3)
+
+
+def test_predict_writes_16_bit_millimetres_equal_to_load(fitted, tmp_path):
+    root, ckpt = fitted
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for name, size in (("a.jpg", (30, 44)), ("b.png", (40, 24))):
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(photos / name)
+    args = ["predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={photos}", "--trainer.logger=false"]
+    main([*args, f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"])
+    out = tmp_path / "predictions"
+    rows = list(csv.DictReader((out / "depth.csv").open()))
+    results = {r.source: r for r in vitdense.load(ckpt)(photos)}
+    assert sorted(r["path"] for r in rows) == sorted(results)
+    for row in rows:
+        result = results[row["path"]]
+        assert isinstance(result, DepthResult) and not result.relative
+        with Image.open(out / "depth" / row["png"]) as png:
+            assert png.mode.startswith("I") and png.size == result.size[::-1]
+            stored = np.asarray(png).astype(np.int64)
+        # millimetres, as NYU's files: within one unit of rounding of the predictor's metres
+        np.testing.assert_allclose(stored / 1000, result.depth, atol=0.0006)
+        assert (out / "depth" / row["png"].replace(".png", "_color.jpg")).is_file()
+
+
+def test_load_draws_and_serves_the_depth(fitted):
+    from vitdense.serve import PredictorAPI
+
+    _, ckpt = fitted
+    image = np.random.default_rng(1).integers(0, 256, (30, 44, 3), dtype=np.uint8)
+    result = vitdense.load(ckpt)(image)
+    assert result.depth.shape == (30, 44) and result.draw().shape == (30, 44, 3)
+    assert result.draw(image).shape[0] == 30 and result.draw(image).shape[1] > 88  # image | depth
+    answer = json.loads(json.dumps(result.to_dict()))
+    assert answer["task"] == "depth" and answer["png_scale"] == 1000.0
+    with Image.open(io.BytesIO(base64.b64decode(answer["depth_png"]))) as png:
+        np.testing.assert_array_equal(np.asarray(png), result.stored())
+    api = PredictorAPI(ckpt, max_batch_size=2)
+    api.setup("cpu")
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    served = api.encode_response(
+        api.predict([api.decode_request({"image": base64.b64encode(buffer.getvalue()).decode()})])[0]
+    )
+    assert served["depth_png"] == answer["depth_png"]
+
+
+def test_onnx_equals_eager(fitted, tmp_path):
+    import onnxruntime
+
+    from vitdense.export import export_checkpoint
+
+    _, ckpt = fitted
+    path, traced, outputs = export_checkpoint(ckpt, "onnx", tmp_path / "dpt.onnx")
+    assert outputs == ["depth"]
+    model = vitdense.load_model(ckpt).eval()
+    predictor = vitdense.load(ckpt)
+    mean, std = torch.tensor(predictor.data.preprocess.mean), torch.tensor(predictor.data.preprocess.std)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for size in ((48, 64),) if traced.fixed_because is None else (traced.size,):  # not the example's size
+        raw = torch.rand(1, 3, *size, generator=torch.Generator().manual_seed(0)) * 255
+        (depth,) = session.run(None, {"images": raw.numpy()})
+        with torch.no_grad():
+            (expected,) = model.export_outputs((raw / 255 - mean[:, None, None]) / std[:, None, None])
+        assert depth.shape == (1, 1, *size)
+        torch.testing.assert_close(torch.from_numpy(depth), expected, atol=1e-4, rtol=1e-4)
