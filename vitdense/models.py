@@ -11,6 +11,7 @@ metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)
       DETRDetector      -> DetectionOutput; `detect` -> boxes at each image's original size
       MaskedImageModel  -> MaskedImageOutput: a pre-training objective's predictions and targets
       EoMT              -> MaskClassOutput: class and mask logits per query (semantic, instance, panoptic)
+      DPT               -> depth (or inverse depth) [B, 1, H, W]; `estimate` runs each size unpadded
 """
 
 from __future__ import annotations
