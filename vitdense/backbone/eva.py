@@ -149,7 +149,7 @@ def eva_arch_from_timm(ref: Eva, model_name: str) -> dict[str, Any]:
     attn = block.attn
     if getattr(attn, "gate", None) is not None:
         unsupported.append("gated attention")
-    if getattr(attn, "num_kv_groups", 1) != 1:
+    if any(getattr(b.attn, "num_kv_groups", 1) != 1 for b in ref.blocks):
         unsupported.append("grouped-query attention (num_kv_heads)")
     if attn.head_dim * attn.num_heads != ref.embed_dim:
         unsupported.append(f"attention heads of width {attn.head_dim} (embed_dim / num_heads only)")

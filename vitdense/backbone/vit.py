@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale, Mlp, apply_rot_embed_cat, to_2tuple, trunc_normal_
 from timm.layers.pos_embed_sincos import init_random_2d_freqs
+from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -741,6 +742,38 @@ class VisionTransformer(nn.Module):
         if self.grad_checkpointing and torch.is_grad_enabled():
             return checkpoint(blk, x, attn_mask, return_attention, window, rope, use_reentrant=False)
         return blk(x, attn_mask, return_attention, window, rope)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW",
+        intermediates_only: bool = False,
+        image_sizes: ImageSizes | None = None,
+    ) -> list | tuple[torch.Tensor, list]:
+        """timm's `forward_intermediates`, for code written against timm (DPT- and ViTDet-style
+        necks): the outputs of blocks `indices` (an int n: the last n; None: all), each
+        [B, D, h, w] ("NCHW") or [B, h*w, D] ("NLC"), through the final norm if `norm`, with
+        their prefix tokens [B, P, D] as pairs if `return_prefix_tokens`; and, unless
+        `intermediates_only`, the final normalised tokens [B, P + h*w, D] first. Padded
+        batches as `forward` takes them (`image_sizes`); heads inside vitdense read
+        `forward(intermediates=...)` instead."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r}: expected 'NCHW' or 'NLC'")
+        take, _ = feature_take_indices(self.depth, indices)
+        f = self.forward(x, image_sizes, intermediates=take, norm_intermediates=norm)
+        p, (h, w) = self.num_prefix_tokens, f.grid_size
+        outs = []
+        for y in f.intermediates:
+            patches = y[:, p:]
+            if output_fmt == "NCHW":
+                patches = patches.transpose(1, 2).reshape(y.shape[0], -1, h, w)
+            outs.append((patches, y[:, :p]) if return_prefix_tokens else patches)
+        if intermediates_only:
+            return outs
+        return torch.cat([f.prefix_tokens, f.patch_tokens], 1), outs
 
     def forward(
         self,
