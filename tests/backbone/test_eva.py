@@ -7,6 +7,7 @@ import torch
 
 from tests.backbone.test_parity import assert_matches_timm, timm_reference
 from vitdense.backbone import create_backbone
+from vitdense.backbone.rope import _dinov3_traced
 from vitdense.data.collate import pad_stack
 from vitdense.errors import ConfigError
 
@@ -152,3 +153,10 @@ def test_layer_ids_and_no_weight_decay_cover_eva_parameters():
 def test_unsupported_eva_features_are_refused_with_the_reason(name, args, reason):
     with pytest.raises(ConfigError, match=reason):
         create_backbone(name, model_args=args)
+
+
+def test_dinov3_rope_built_for_export_equals_timms():
+    """The DINOv3 embedding vitdense builds while exporting (symbolic sizes) is timm's."""
+    rope = create_backbone("vit_small_patch16_dinov3", model_args={"depth": 1}).rope
+    for grid in [(3, 5), (7, 2), (1, 1)]:
+        torch.testing.assert_close(_dinov3_traced(rope, grid), rope.get_embed(shape=list(grid)), rtol=0, atol=1e-6)

@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitdense.backbone.pos_embed import GridSize, PosEmbed
+from vitdense.backbone.rope import grid_rotary
 from vitdense.types import ImageSizes, _ceil_div
 
 AttnImpl = Literal["auto", "sdpa", "math"]
@@ -258,9 +259,8 @@ class Attention(nn.Module):
     def rotate(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """timm's `apply_rot_embed_cat` on the last N tokens of x [B, T, heads, head_dim]
         (N = rope's token count; computed in rope's precision, returned in x's dtype)."""
-        n = rope.shape[-3]
-        rotated = apply_rot_embed_cat(x[:, -n:], rope, half=self.rotate_half)
-        return torch.cat([x[:, :-n], rotated], 1) if n < x.shape[1] else rotated
+        p = x.shape[1] - rope.shape[-3]  # (a positive start: a symbolic negative one would fix exported sizes)
+        return torch.cat([x[:, :p], apply_rot_embed_cat(x[:, p:], rope, half=self.rotate_half)], 1)
 
     def attend(
         self,
@@ -655,17 +655,13 @@ class VisionTransformer(nn.Module):
         if self.rope is None:
             return None
         h, w = image_sizes.grid
-        grids = image_sizes.grids if image_sizes.has_padding else [(h, w)]
+        if not image_sizes.has_padding:  # (also the exported graph's path: symbolic sizes are not hashed)
+            return grid_rotary(self.rope, (h, w))[:, None].to(device)
         embeds = {}
-        for g in dict.fromkeys(grids):
-            emb = self.rope.get_embed(shape=[g[0], g[1]])  # [g0*g1, 2dh] or mixed [depth, heads, g0*g1, 2dh]
-            emb = emb[None, :, None] if emb.ndim == 2 else emb.transpose(1, 2)  # [L, g0*g1, heads|1, 2dh]
-            if g != (h, w):
-                grid = emb.reshape(emb.shape[0], g[0], g[1], *emb.shape[2:])
-                emb = F.pad(grid, (0, 0, 0, 0, 0, w - g[1], 0, h - g[0])).flatten(1, 2)
-            embeds[g] = emb
-        rope = torch.stack([embeds[g] for g in grids], 1)  # [L, B|1, h*w, heads|1, 2dh]
-        return rope.to(device) if device is not None else rope
+        for g in dict.fromkeys(image_sizes.grids):
+            grid = grid_rotary(self.rope, g).unflatten(1, g)  # [L, g0, g1, heads|1, 2dh]
+            embeds[g] = F.pad(grid, (0, 0, 0, 0, 0, w - g[1], 0, h - g[0])).flatten(1, 2)
+        return torch.stack([embeds[g] for g in image_sizes.grids], 1).to(device)  # [L, B, h*w, heads|1, 2dh]
 
     def key_mask(self, image_sizes: ImageSizes, device: torch.device | None = None) -> torch.Tensor | None:
         """[B, P + N] bool, True on the tokens attention may look at (every prefix token,
