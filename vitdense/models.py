@@ -391,6 +391,7 @@ class EoMT(nn.Module):
         grid = (tokens.shape[1], tokens.shape[2])
         x = backbone.add_pos_embed(tokens, sizes)
         keys = backbone.key_mask(sizes, x.device)
+        rope = backbone.rotary(sizes, x.device)  # of the patches: the queries, joined in front, are not rotated
         valid = padding_valid(sizes, x.device)
         window = backbone.window_for(grid)
         p, start = backbone.num_prefix_tokens, backbone.depth - head.num_blocks
@@ -408,7 +409,7 @@ class EoMT(nn.Module):
                 attn_mask = head.attention_mask(mask_logits, grid, p, keys, i - start)
             elif i >= start:
                 attn_mask = keys[:, None, None, :] if keys is not None else None
-            x, _ = backbone.run_block(i, x, attn_mask, window if i < start else None)
+            x, _ = backbone.run_block(i, x, attn_mask, window if i < start else None, rope=rope)
         class_logits, mask_logits = head.predict(backbone.norm(x), grid, p, valid)
         return MaskClassOutput(class_logits, mask_logits, tuple(aux))
 

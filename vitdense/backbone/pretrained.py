@@ -10,6 +10,7 @@ converters (`checkpoint_filter_fn` for PyTorch files, `load_pretrained` for the 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,15 @@ import torch
 from timm.layers import LayerScale, Mlp, StdConv2dSame
 from timm.layers import PatchEmbed as TimmPatchEmbed
 from timm.layers.hybrid_embed import HybridEmbed as TimmHybridEmbed
+from timm.models.eva import Eva
+from timm.models.eva import checkpoint_filter_fn as eva_checkpoint_filter_fn
 from timm.models.resnetv2 import ResNetV2
 from timm.models.vision_transformer import Block as TimmBlock
 from timm.models.vision_transformer import VisionTransformer as TimmVisionTransformer
 from timm.models.vision_transformer import checkpoint_filter_fn
 from torch import nn
 
+from vitdense.backbone.eva import EvaBlock, eva_arch_from_timm
 from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.backbone.vit import AttnImpl, VisionTransformer
 from vitdense.errors import CheckpointError, ConfigError
@@ -33,7 +37,7 @@ from vitdense.safe_load import torch_load
 _logger = logging.getLogger(__name__)
 
 #: tensors of timm checkpoints that belong to classification heads, not to the encoder
-HEAD_PREFIXES = ("head.", "head_dist.", "pre_logits.")
+HEAD_PREFIXES = ("head.", "head_dist.", "pre_logits.", "fc_norm.", "attn_pool.")
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 #: `model_args` that configure vitdense's windowed attention rather than timm's architecture
 WINDOW_ARGS = ("window_size", "num_windows", "global_attn_indexes")
@@ -64,6 +68,9 @@ def _timm_reference(
     kwargs = dict(model_args or {})
     if img_size is not None:
         kwargs["img_size"] = img_size
+    if is_eva(model_name):
+        # RoPE modules without a cached grid: vitdense asks them for every image's own grid
+        kwargs.setdefault("dynamic_img_size", True)
     with torch.device(device):
         try:
             return timm.create_model(model_name, pretrained=False, num_classes=0, **kwargs)
@@ -71,11 +78,21 @@ def _timm_reference(
             raise ConfigError(f"model_args {model_args} for {model_name!r}: {err}") from err
 
 
+def is_eva(model_name: str) -> bool:
+    """Whether timm builds `model_name` as its `Eva` class (DINOv3, EVA-02, PE, RoPE-ViT)."""
+    arch, _ = timm.models.split_model_name_tag(model_name)
+    return timm.models.model_entrypoint(arch).__module__ == "timm.models.eva"
+
+
 def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
     """VisionTransformer constructor arguments that reproduce timm's `ref`.
 
-    Raises ValueError naming every feature of `ref` that the plain ViT family lacks.
+    Raises ConfigError naming every feature of `ref` that vitdense's ViT and Eva families lack.
     """
+    if isinstance(ref, Eva):
+        arch = eva_arch_from_timm(ref, model_name)
+        arch["block_fn"] = functools.partial(EvaBlock, **arch.pop("block_args"))
+        return arch
     if not isinstance(ref, TimmVisionTransformer):
         raise ConfigError(f"{model_name!r} is a {type(ref).__name__}, not a plain Vision Transformer")
     unsupported = []
@@ -173,8 +190,12 @@ def _encoder_tensors(state_dict: dict) -> dict[str, torch.Tensor]:
         if isinstance(state_dict.get(key), dict):
             state_dict = state_dict[key]
             break
-    if "pos_embed" not in state_dict:
-        prefixes = {k[: -len("pos_embed")] for k in state_dict if k.endswith(".pos_embed")}
+    anchor = next((k for k in ("pos_embed", "cls_token", "patch_embed.proj.weight") if k in state_dict), None)
+    if anchor is None:
+        prefixes = {
+            k[: -len(a)] for a in ("pos_embed", "cls_token", "patch_embed.proj.weight") for k in state_dict
+            if k.endswith("." + a)
+        }  # fmt: skip
         if len(prefixes) == 1:
             (prefix,) = prefixes
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
@@ -285,6 +306,7 @@ def create_backbone(
             timm_model.load_pretrained(str(path))
             state_dict = timm_model.state_dict()
         else:
-            state_dict = checkpoint_filter_fn(_encoder_tensors(tensors), ref)
+            filter_fn = eva_checkpoint_filter_fn if isinstance(ref, Eva) else checkpoint_filter_fn
+            state_dict = filter_fn(_encoder_tensors(tensors), ref)
         load_weights(model, state_dict, f"checkpoint {path}")
     return model

@@ -11,19 +11,23 @@ batch-mates.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, LayerScale, Mlp, to_2tuple, trunc_normal_
+from timm.layers import DropPath, LayerScale, Mlp, apply_rot_embed_cat, to_2tuple, trunc_normal_
+from timm.layers.pos_embed_sincos import init_random_2d_freqs
+from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitdense.backbone.pos_embed import GridSize, PosEmbed
+from vitdense.backbone.rope import grid_rotary
 from vitdense.types import ImageSizes, _ceil_div
 
 AttnImpl = Literal["auto", "sdpa", "math"]
+QkvLayout = Literal["fused", "qv_bias", "separate"]
 
 
 def fused_attention(x: torch.Tensor, dropout: float = 0.0) -> bool:
@@ -149,10 +153,17 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a key padding mask.
+    """Multi-head self-attention with a key padding mask and, optionally, rotary position
+    embeddings (RoPE) on the patch tokens.
 
     `attn_impl="auto"` follows `fused_attention` (torch's fused kernel except for some
     bfloat16 cases on CPU); "sdpa" and "math" (explicit) force one.
+
+    The projections take timm's names for each layout (`qkv_layout`): "fused" is the ViT's
+    one `qkv` linear layer (also timm's `AttentionRope`); "qv_bias" is EVA's `qkv` without
+    bias plus separate `q_bias` and `v_bias` (the key has none); "separate" is EVA's
+    `q_proj`, `k_proj` (no bias) and `v_proj`. `qk_norm` normalises queries and keys per
+    head, `scale_norm` the attention output before `proj` (EVA-02 CLIP's inner norm).
     """
 
     def __init__(
@@ -163,6 +174,11 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         attn_impl: AttnImpl = "auto",
+        qkv_layout: QkvLayout = "fused",
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        norm_eps: float = 1e-6,
+        rotate_half: bool = False,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -171,8 +187,22 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.attn_impl = attn_impl
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.rotate_half = rotate_half
+        self.qkv = self.q_proj = self.k_proj = self.v_proj = self.q_bias = self.v_bias = None
+        if qkv_layout == "separate":
+            self.q_proj = nn.Linear(dim, dim, bias=qkv_bias)
+            self.k_proj = nn.Linear(dim, dim, bias=False)
+            self.v_proj = nn.Linear(dim, dim, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias and qkv_layout == "fused")
+            if qkv_bias and qkv_layout == "qv_bias":
+                self.q_bias = nn.Parameter(torch.zeros(dim))
+                self.v_bias = nn.Parameter(torch.zeros(dim))
+                self.register_buffer("k_bias", torch.zeros(dim), persistent=False)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if scale_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -187,21 +217,50 @@ class Attention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         return_attention: bool = False,
         window: Window | None = None,
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [B, T, D]; attn_mask: [B, 1, 1, T] bool, True where a key may be attended;
-        window: attend within windows of the patch grid (see `windowed`).
+        window: attend within windows of the patch grid (see `windowed`); rope: rotary
+        embeddings (sin | cos) [B or 1, N, heads or 1, 2 * head_dim] of the last N tokens
+        (the patches; the prefix tokens before them are not rotated).
 
         Returns the output [B, T, D] and, if asked, the attention [B, heads, T, T].
         """
         if window is not None:
             if return_attention:
                 raise ValueError("attention maps are returned for global blocks only (global_attn_indexes)")
-            return self.proj_drop(self.proj(self.windowed(x, attn_mask, window))), None
+            x = self.windowed(x, attn_mask, window, rope)
+            return self.proj_drop(self.proj(self.norm(x))), None
         b, t, d = x.shape
-        q, k, v = self.qkv(x).reshape(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self.project(x, rope).permute(2, 0, 3, 1, 4).unbind(0)
         x, attn = self.attend(q, k, v, attn_mask, return_attention)
-        x = self.proj(x.transpose(1, 2).reshape(b, t, d))
+        x = self.proj(self.norm(x.transpose(1, 2).reshape(b, t, d)))
         return self.proj_drop(x), attn
+
+    def project(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        """Queries, keys and values [B, T, 3, heads, head_dim] of tokens x [B, T, D]: the
+        projections, then the query/key norms and the rotary embedding where configured."""
+        b, t, _ = x.shape
+        if self.qkv is None:
+            qkv = torch.stack([self.q_proj(x), self.k_proj(x), self.v_proj(x)], 2)
+        elif self.q_bias is not None:
+            qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
+        else:
+            qkv = self.qkv(x)
+        qkv = qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
+        if rope is None and isinstance(self.q_norm, nn.Identity):
+            return qkv
+        q, k, v = qkv.unbind(2)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = self.rotate(q, rope), self.rotate(k, rope)
+        return torch.stack([q, k, v], 2)
+
+    def rotate(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        """timm's `apply_rot_embed_cat` on the last N tokens of x [B, T, heads, head_dim]
+        (N = rope's token count; computed in rope's precision, returned in x's dtype)."""
+        p = x.shape[1] - rope.shape[-3]  # (a positive start: a symbolic negative one would fix exported sizes)
+        return torch.cat([x[:, :p], apply_rot_embed_cat(x[:, p:], rope, half=self.rotate_half)], 1)
 
     def attend(
         self,
@@ -222,7 +281,9 @@ class Attention(nn.Module):
         attn = attn.softmax(dim=-1)
         return (F.dropout(attn, drop) @ v if drop else attn @ v), attn
 
-    def windowed(self, x: torch.Tensor, attn_mask: torch.Tensor | None, window: Window) -> torch.Tensor:
+    def windowed(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None, window: Window, rope: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Window attention (ViTDet / RF-DETR) before the output projection: x [B, P + h*w, D]
         -> [B, P + h*w, D].
 
@@ -235,7 +296,7 @@ class Attention(nn.Module):
         (h, w), (wh, ww), p = window.grid, window.size, window.num_prefix
         b, t, d = x.shape
         heads, dh = self.num_heads, self.head_dim
-        qkv = self.qkv(x).view(b, t, 3, heads, dh)
+        qkv = self.project(x, rope)  # [B, T, 3, heads, dh]
         valid = attn_mask[:, 0, 0, p:].view(b, h, w) if attn_mask is not None else x.new_ones(b, h, w, dtype=torch.bool)
         ph, pw = -h % wh, -w % ww
         grid = F.pad(qkv[:, p:].reshape(b, h, w, 3 * d), (0, 0, 0, pw, 0, ph))
@@ -300,10 +361,11 @@ class Block(nn.Module):
         attn_mask: torch.Tensor | None = None,
         return_attention: bool = False,
         window: Window | None = None,
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [B, T, D] -> ([B, T, D], attention [B, heads, T, T] or None); with `window`,
-        the attention is windowed (`Attention.windowed`)."""
-        y, attn = self.attn(self.norm1(x), attn_mask, return_attention, window)
+        the attention is windowed (`Attention.windowed`); `rope`: see `Attention.forward`."""
+        y, attn = self.attn(self.norm1(x), attn_mask, return_attention, window, rope)
         x = x + self.drop_path1(self.ls1(y))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x, attn
@@ -343,6 +405,18 @@ class VisionTransformer(nn.Module):
             square, so never pads); prefer `window_size` with mixed sizes.
         global_attn_indexes: blocks that attend globally (ViTDet ViT-B: 2, 5, 8, 11).
             No new parameters either way: timm's weights load unchanged.
+        use_abs_pos_emb: a learned absolute position table (`pos_embed`); False for
+            encoders with rotary embeddings only (DINOv3, RoPE-ViT).
+        rope: rotary position embeddings: one of timm's RoPE modules built without a fixed
+            feature shape (`RotaryEmbeddingCat` for EVA-02, PE and RoPE-ViT axial,
+            `RotaryEmbeddingDinoV3`, `RotaryEmbeddingMixed`), asked for each image's own grid
+            (`rotary`). Its training-time coordinate augmentation (shift, jitter, rescale)
+            applies in training mode, one draw per distinct grid in a batch.
+        pre_norm: a LayerNorm before the blocks (`norm_pre`; CLIP, PE).
+        final_norm: the LayerNorm after the blocks (`norm`); False where timm normalises
+            only after pooling (EVA-02's `fc_norm`, a classification-head part here).
+        block_fn: the block class, called with `Block`'s arguments (`EvaBlock` with its
+            MLP and attention options bound, for the timm `Eva` family).
     """
 
     def __init__(
@@ -369,6 +443,11 @@ class VisionTransformer(nn.Module):
         window_size: int | None = None,
         num_windows: int | None = None,
         global_attn_indexes: Sequence[int] = (),
+        use_abs_pos_emb: bool = True,
+        rope: nn.Module | None = None,
+        pre_norm: bool = False,
+        final_norm: bool = True,
+        block_fn: Callable[..., nn.Module] = Block,
     ) -> None:
         super().__init__()
         if window_size is not None and num_windows is not None:
@@ -393,13 +472,16 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = int(class_token) + int(dist_token) + reg_tokens
         native_grid = self.patch_embed.grid_for(*self.img_size)
         table_prefix = 0 if no_embed_class else self.num_prefix_tokens
-        self.pos_embed = nn.Parameter(torch.zeros(1, table_prefix + native_grid[0] * native_grid[1], embed_dim))
+        table_size = table_prefix + native_grid[0] * native_grid[1]
+        self.pos_embed = nn.Parameter(torch.zeros(1, table_size, embed_dim)) if use_abs_pos_emb else None
         self.pos_embed_resampler = PosEmbed(native_grid, table_prefix)
         self.pos_drop = nn.Dropout(drop_rate)
+        self.rope = rope
+        self.norm_pre = nn.LayerNorm(embed_dim, eps=norm_eps) if pre_norm else nn.Identity()
         # stochastic depth rising linearly over depth (plain floats: works on the meta device)
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
-            Block(
+            block_fn(
                 embed_dim,
                 num_heads,
                 mlp_ratio,
@@ -413,7 +495,7 @@ class VisionTransformer(nn.Module):
             )
             for rate in dpr
         )
-        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if final_norm else nn.Identity()
         self.grad_checkpointing = False
         #: timm's pretrained config (mean, std, input size, ...); `create_backbone` fills it in
         self.pretrained_cfg: dict = {}
@@ -421,8 +503,10 @@ class VisionTransformer(nn.Module):
 
     # ----------------------------------------------------------------------------- setup
     def init_weights(self) -> None:
-        """timm's default ViT initialisation (truncated normal 0.02, zero biases)."""
-        trunc_normal_(self.pos_embed, std=0.02)
+        """timm's default ViT initialisation (truncated normal 0.02, zero biases); blocks
+        with their own `init_weights` (EVA's depth-scaled projections) finish their own."""
+        if self.pos_embed is not None:
+            trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         for token in (self.dist_token, self.reg_token):
@@ -433,6 +517,17 @@ class VisionTransformer(nn.Module):
                 trunc_normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        for i, block in enumerate(self.blocks):
+            if hasattr(block, "init_weights"):
+                block.init_weights(i)
+        if self.rope is not None and isinstance(getattr(self.rope, "freqs", None), nn.Parameter):
+            # RoPE-Mixed's learned frequencies start as timm draws them (random directions per head)
+            with torch.no_grad():
+                self.rope.freqs.copy_(
+                    init_random_2d_freqs(
+                        self.embed_dim // self.num_heads, self.depth, self.num_heads, temperature=self.rope.temperature
+                    )
+                )
 
     @property
     def patch_size(self) -> tuple[int, int]:
@@ -493,9 +588,10 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Names of the parameters trained without weight decay: position embeddings,
-        prefix tokens, every norm weight, every bias (all parameters with ndim <= 1)."""
+        prefix tokens, learned rotary frequencies, every norm weight, every bias (all
+        parameters with ndim <= 1)."""
         tokens = {"pos_embed", "cls_token", "dist_token", "reg_token"}
-        return {n for n, p in self.named_parameters() if n in tokens or p.ndim <= 1}
+        return {n for n, p in self.named_parameters() if n in tokens or n.startswith("rope.") or p.ndim <= 1}
 
     # --------------------------------------------------------------------------- forward
     # forward = embed -> add_pos_embed -> forward_tokens, each public so that pre-training
@@ -519,9 +615,13 @@ class VisionTransformer(nn.Module):
 
         x: [B, h, w, D] patch embeddings; image_sizes at the patch stride. Returns
         [B, P + h*w, D]: each image gets the table resampled to its own grid, zero on its
-        padding.
+        padding (no table: the tokens as they are; rotary embeddings come with `rotary`),
+        then the pre-encoder norm where there is one.
         """
         b, h, w, d = x.shape
+        prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.pos_embed is None:
+            return self.norm_pre(self.pos_drop(torch.cat([*prefix, x.reshape(b, h * w, d)], dim=1)))
         p = self.pos_embed_resampler.num_prefix_tokens
         if not image_sizes.has_padding:
             table = self.pos_embed_resampler.resample(self.pos_embed, (h, w))
@@ -535,13 +635,33 @@ class VisionTransformer(nn.Module):
                 tables[g] = F.pad(patch, (0, 0, 0, w - g[1], 0, h - g[0]))
             patch_pos = torch.cat([tables[g] for g in image_sizes.grids]).reshape(b, h * w, d)
         x = x.reshape(b, h * w, d)
-        prefix = [t.expand(b, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         if self.no_embed_class:
             x = torch.cat([*prefix, x + patch_pos], dim=1)
         else:
             pos = torch.cat([prefix_pos.expand(patch_pos.shape[0], -1, -1), patch_pos], 1) if p else patch_pos
             x = torch.cat([*prefix, x], dim=1) + pos
-        return self.pos_drop(x)
+        return self.norm_pre(self.pos_drop(x))
+
+    def rotary(self, image_sizes: ImageSizes, device: torch.device | None = None) -> torch.Tensor | None:
+        """Rotary embeddings (sin | cos) of the batch's patch tokens for `forward_tokens`:
+        [L, B or 1, h*w, heads or 1, 2 * head_dim], L = depth for RoPE-Mixed (a set per
+        block), else 1; None without RoPE. image_sizes at the patch stride.
+
+        Each image takes the coordinates of its own grid (DINOv3: centred and normalised
+        over the image's h_i x w_i, not over the padded canvas; EVA-02: indices rescaled to
+        the reference grid), laid out top-left on the batch's grid; padding tokens get
+        zeros (they are never attended).
+        """
+        if self.rope is None:
+            return None
+        h, w = image_sizes.grid
+        if not image_sizes.has_padding:  # (also the exported graph's path: symbolic sizes are not hashed)
+            return grid_rotary(self.rope, (h, w))[:, None].to(device)
+        embeds = {}
+        for g in dict.fromkeys(image_sizes.grids):
+            grid = grid_rotary(self.rope, g).unflatten(1, g)  # [L, g0, g1, heads|1, 2dh]
+            embeds[g] = F.pad(grid, (0, 0, 0, 0, 0, w - g[1], 0, h - g[0])).flatten(1, 2)
+        return torch.stack([embeds[g] for g in image_sizes.grids], 1).to(device)  # [L, B, h*w, heads|1, 2dh]
 
     def key_mask(self, image_sizes: ImageSizes, device: torch.device | None = None) -> torch.Tensor | None:
         """[B, P + N] bool, True on the tokens attention may look at (every prefix token,
@@ -558,6 +678,7 @@ class VisionTransformer(nn.Module):
         grid: GridSize | None = None,
         intermediates: Sequence[int] = (),
         attentions: Sequence[int] = (),
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor], dict[int, torch.Tensor]]:
         """The blocks and the final norm over a token sequence.
 
@@ -568,6 +689,8 @@ class VisionTransformer(nn.Module):
             grid: the (h, w) patch grid the tokens after the prefix tile, row-major; only
                 windowed attention needs it (a token subset has none: windows refuse it).
             intermediates, attentions: block indices whose raw outputs / attention maps to keep.
+            rope: the rotary embeddings of the patch tokens (`rotary`): required when the
+                encoder has RoPE, for the last h*w tokens of x.
 
         Returns:
             the normalised tokens [B, T, D], {block: raw output [B, T, D]} and {block:
@@ -581,10 +704,14 @@ class VisionTransformer(nn.Module):
         window = self.window_for(grid) if grid is not None else None
         if window is None and grid is None and (self.window_size is not None or self.num_windows is not None):
             raise ValueError("windowed attention needs the tokens' patch grid (forward_tokens(grid=...))")
+        if (rope is None) != (self.rope is None):
+            raise ValueError(
+                "forward_tokens: an encoder with RoPE needs rope=backbone.rotary(image_sizes), and only it"
+            )
         attn_mask = keys[:, None, None, :] if keys is not None else None
         outs, attns = {}, {}
         for i in range(self.depth):
-            x, attn = self.run_block(i, x, attn_mask, window, i in want_attn)
+            x, attn = self.run_block(i, x, attn_mask, window, i in want_attn, rope)
             if i in want_out:
                 outs[i] = x
             if attn is not None:
@@ -598,16 +725,51 @@ class VisionTransformer(nn.Module):
         attn_mask: torch.Tensor | None,
         window: Window | None = None,
         return_attention: bool = False,
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Block `i` over tokens x [B, T, D] -> ([B, T, D], attention or None), recomputed in
         backward under gradient checkpointing. attn_mask: bool, broadcastable to [B, heads,
         T, T], True where a query may attend a key; `window` applies unless block i is one of
-        `global_attn_indexes`."""
+        `global_attn_indexes`; rope: `rotary`'s output (its block i part is used)."""
         blk = self.blocks[i]
         window = window if i not in self.global_attn_indexes else None
+        if rope is not None:
+            rope = rope[i if rope.shape[0] > 1 else 0]
         if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(blk, x, attn_mask, return_attention, window, use_reentrant=False)
-        return blk(x, attn_mask, return_attention, window)
+            return checkpoint(blk, x, attn_mask, return_attention, window, rope, use_reentrant=False)
+        return blk(x, attn_mask, return_attention, window, rope)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        output_fmt: Literal["NCHW", "NLC"] = "NCHW",
+        intermediates_only: bool = False,
+        image_sizes: ImageSizes | None = None,
+    ) -> list | tuple[torch.Tensor, list]:
+        """timm's `forward_intermediates`, for code written against timm (DPT- and ViTDet-style
+        necks): the outputs of blocks `indices` (an int n: the last n; None: all), each
+        [B, D, h, w] ("NCHW") or [B, h*w, D] ("NLC"), through the final norm if `norm`, with
+        their prefix tokens [B, P, D] as pairs if `return_prefix_tokens`; and, unless
+        `intermediates_only`, the final normalised tokens [B, P + h*w, D] first. Padded
+        batches as `forward` takes them (`image_sizes`); heads inside vitdense read
+        `forward(intermediates=...)` instead."""
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt={output_fmt!r}: expected 'NCHW' or 'NLC'")
+        take, _ = feature_take_indices(self.depth, indices)
+        f = self.forward(x, image_sizes, intermediates=take, norm_intermediates=norm)
+        p, (h, w) = self.num_prefix_tokens, f.grid_size
+        outs = []
+        for y in f.intermediates:
+            patches = y[:, p:]
+            if output_fmt == "NCHW":
+                patches = patches.transpose(1, 2).reshape(y.shape[0], -1, h, w)
+            outs.append((patches, y[:, :p]) if return_prefix_tokens else patches)
+        if intermediates_only:
+            return outs
+        return torch.cat([f.prefix_tokens, f.patch_tokens], 1), outs
 
     def forward(
         self,
@@ -634,7 +796,8 @@ class VisionTransformer(nn.Module):
         grid = (tokens.shape[1], tokens.shape[2])
         x = self.add_pos_embed(tokens, image_sizes)
         keys = self.key_mask(image_sizes, x.device)
-        x, outs, attns = self.forward_tokens(x, keys, grid, intermediates, attentions)
+        rope = self.rotary(image_sizes, x.device)
+        x, outs, attns = self.forward_tokens(x, keys, grid, intermediates, attentions, rope)
 
         p = self.num_prefix_tokens
         prefix, patches = x[:, :p], x[:, p:]

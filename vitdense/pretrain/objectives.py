@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.pos_embed import sincos_2d
 from vitdense.backbone.vit import Block
+from vitdense.errors import ConfigError
 from vitdense.pretrain.masking import TokenMasking, corrupt_tokens, random_masking
 from vitdense.pretrain.targets import MeanColorTarget, PatchTarget, PixelTarget, patchify, pixel_validity
 from vitdense.types import ImageSizes
@@ -146,7 +147,8 @@ class MaskedPatchPrediction(MaskedImageObjective):
         x = torch.where(c.replaced[..., None], self.mask_token.to(flat.dtype), flat)
         x = torch.where(c.randomized[..., None], flat.reshape(b * h * w, d)[c.source], x)
         x = backbone.add_pos_embed(x.reshape(b, h, w, d), sizes)
-        x, _, _ = backbone.forward_tokens(x, backbone.key_mask(sizes, x.device), (h, w))
+        keys, rope = backbone.key_mask(sizes, x.device), backbone.rotary(sizes, x.device)
+        x, _, _ = backbone.forward_tokens(x, keys, (h, w), rope=rope)
         pred = self.predictor(x[:, backbone.num_prefix_tokens :])
         return MaskedImageOutput(pred, self.targets(images, sizes), c.corrupted, sizes)
 
@@ -218,6 +220,11 @@ class MaskedAutoencoder(MaskedImageObjective):
     def prepare_backbone(self, backbone: VisionTransformer) -> None:
         if not self.sincos_pos_embed:
             return
+        if backbone.pos_embed is None:
+            raise ConfigError(
+                "MaskedAutoencoder(sincos_pos_embed=True) fixes the encoder's absolute position table, but "
+                f"{type(backbone).__name__} has none (rotary embeddings only): set sincos_pos_embed: false"
+            )
         h, w = backbone.grid_size
         table = backbone.pos_embed
         patch = sincos_2d(table.shape[-1], (h, w), dtype=table.dtype, device=table.device)
@@ -245,7 +252,12 @@ class MaskedAutoencoder(MaskedImageObjective):
         keys = None
         if not m.filled:
             keys = torch.cat([m.keep_valid.new_ones(x.shape[0], p), m.keep_valid], 1)
-        latent, _, _ = backbone.forward_tokens(torch.cat([x[:, :p], visible], 1), keys)
+        rope = backbone.rotary(sizes, images.device)
+        if rope is not None:  # the visible tokens keep their own rotary positions
+            rope = rope.expand(-1, x.shape[0], -1, -1, -1)
+            ids = m.ids_keep[None, :, :, None, None].expand(rope.shape[0], -1, -1, *rope.shape[3:])
+            rope = torch.gather(rope, 2, ids)
+        latent, _, _ = backbone.forward_tokens(torch.cat([x[:, :p], visible], 1), keys, rope=rope)
         pred = self.decode(latent, m, p, (h, w), backbone.key_mask(sizes, images.device))
         return MaskedImageOutput(pred, self.targets(images, sizes), m.masked, sizes)
 

@@ -140,6 +140,8 @@ def attention_distance(model: Model, args: argparse.Namespace, out: Output) -> N
 def pos_embed(model: Model, args: argparse.Namespace, out: Output) -> None:
     """Cosine similarities between the position embeddings, resampled to `--grid`."""
     backbone = model.backbone
+    if backbone.pos_embed is None:
+        raise ConfigError(f"{model.source}: the encoder has no learned position table (rotary embeddings only)")
     grid = args.grid or backbone.grid_size
     table = backbone.pos_embed_resampler.resample(backbone.pos_embed, grid)
     patch_pos = table[0, backbone.pos_embed_resampler.num_prefix_tokens :]
