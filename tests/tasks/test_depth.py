@@ -112,6 +112,27 @@ def test_model_output_at_input_pixels_for_any_size(small):
         assert (t.model(torch.randn(1, 3, 32, 32)) >= 0).all()  # DPT's non-negative ReLU
 
 
+def test_an_untrained_head_starts_alive_at_init_depth():
+    """PyTorch's initialisation leaves DPT's final ReLU at 0 on every pixel for about half
+    the seeds (no gradient: the head never learns); the task starts it at init_depth."""
+    x = torch.randn(2, 3, 32, 48, generator=torch.Generator().manual_seed(0))
+    cases = [
+        (0, {"output": "inverse", "inverse_shift": 0.1}, 5.0),  # default: max_depth / 2
+        (1, {"output": "inverse", "inverse_shift": 0.1}, 5.0),
+        (2, {"output": "inverse", "inverse_scale": 0.000305, "inverse_shift": 0.1378, "init_depth": 2.0}, 2.0),
+        (3, {"output": "metric", "max_depth": 80.0}, 40.0),  # seed 3: PyTorch's start is 0 on every pixel
+    ]
+    for seed, kwargs, expected in cases:
+        torch.manual_seed(seed)
+        t = DepthTask(head=HEAD, backbone=TINY, **kwargs).eval()
+        with torch.no_grad():
+            raw = t.model(x)
+        assert (raw > 0).all(), seed
+        assert expected / 2 < t.model.depth(raw).median() < expected * 2, seed
+    with pytest.raises(ConfigError, match="nearer init_depth"):
+        task(output="inverse", inverse_shift=0.1, init_depth=12.0)
+
+
 def test_inverse_output_is_dpts_invert(small):
     model = DPT(small.backbone, small.head, "inverse", 0.000305, 0.1378)  # DPT's NYU model
     raw = torch.tensor([[0.0, 1000.0, 3000.0]])

@@ -216,6 +216,18 @@ class DPTHead(nn.Module):
             nn.ReLU() if non_negative else nn.Identity(),
         )
 
+    def start_output_at(self, value: float) -> None:
+        """Start the untrained head at `value` everywhere: the output convolution's bias set to it.
+
+        From scratch, PyTorch's default initialisation of that 1x1 convolution over its
+        non-negative (ReLU) inputs gives an output of one sign over the whole image, and for
+        about half the seeds (9 of 20 for the depth demo's head) that sign is negative: the
+        final ReLU (`non_negative`) then outputs 0 at every pixel and passes no gradient, and
+        the head never learns. A positive start keeps it alive (the weights stay random, so
+        pixels still differ)."""
+        with torch.no_grad():
+            self.scratch.output_conv[4].bias.fill_(value)
+
     def forward(self, features: ViTFeatures) -> torch.Tensor:
         """ViTFeatures with the intermediates of `hooks` -> [B, num_outputs, 16 h, 16 w] for
         the patch grid (h, w): the input size for a patch-16 ViT (inputs whose sides are

@@ -75,6 +75,12 @@ class DepthTask(BaseTask):
         output: "metric" (the head predicts depth) or "inverse" (inverse depth, DPT's).
         inverse_scale, inverse_shift: with output "inverse" and a depth-space loss, depth =
             1 / (scale x + shift) (DPT's NYU model: 0.000305, 0.1378).
+        init_depth: the depth (metres) the untrained head starts at everywhere (its output
+            convolution's bias set to that depth's output, `DPTHead.start_output_at`); None:
+            max_depth / 2, where a sigmoid head such as Depth Anything's metric one starts.
+            PyTorch's own initialisation leaves DPT's final ReLU at 0 on every pixel for about
+            half the seeds, and such a head never learns (a pre-trained head's weights replace
+            this start when they load).
         min_depth, max_depth: valid range of the ground truth, for the loss's mask and the
             metrics (NYU: 1e-3, 10; KITTI: 1e-3, 80).
         crop: the metrics' crop: "eigen" (NYU), "garg" (KITTI) or "none".
@@ -95,6 +101,7 @@ class DepthTask(BaseTask):
         output: DepthOutputKind = "metric",
         inverse_scale: float = 1.0,
         inverse_shift: float = 0.0,
+        init_depth: float | None = None,
         min_depth: float = 1e-3,
         max_depth: float = 10.0,
         crop: Literal["none", "eigen", "garg"] = "none",
@@ -119,9 +126,12 @@ class DepthTask(BaseTask):
             raise ConfigError(
                 f"{type(criterion).__name__} compares inverse depth (relative, MiDaS's): set output: inverse"
             )
-        # read by the hooks the base calls (build_model, configure_metrics)
+        # read by the hooks the base calls (configure_head, build_model, configure_metrics)
         self.output, self.relative = output, space == "disparity"
         self.inverse_scale, self.inverse_shift = inverse_scale, inverse_shift
+        self.init_depth = init_depth if init_depth is not None else max_depth / 2
+        if self.init_depth <= 0:
+            raise ConfigError(f"DepthTask: init_depth={init_depth} must be positive (metres)")
         self.min_depth, self.max_depth, self.crop = min_depth, max_depth, crop
         super().__init__(
             num_classes=1,
@@ -150,7 +160,24 @@ class DepthTask(BaseTask):
                 raise ConfigError(str(err)) from None
         if bad := [i for i in module.hooks if not -backbone.depth <= i < backbone.depth]:
             raise ConfigError(f"DPTHead hooks {bad} are out of range for a backbone of {backbone.depth} blocks")
+        if hasattr(module, "start_output_at"):
+            module.start_output_at(self.initial_output())
         return module
+
+    def initial_output(self) -> float:
+        """The head's output for `init_depth`: the depth itself ("metric"), or its inverse
+        through DPT's affine map, (1 / d - shift) / scale ("inverse"; the raw inverse depth
+        of a relative model, whose scale is arbitrary)."""
+        if self.output == "metric":
+            return self.init_depth
+        value = (1.0 / self.init_depth - self.inverse_shift) / self.inverse_scale
+        if value <= 0:
+            raise ConfigError(
+                f"DepthTask: init_depth {self.init_depth:g} m is at or beyond 1 / (inverse_shift) = "
+                f"{1 / self.inverse_shift:g} m, where the inverse head's ReLU output is 0 (no gradient): choose a "
+                "nearer init_depth"
+            )
+        return value
 
     def build_model(self, backbone: VisionTransformer, head: nn.Module) -> DPT:
         return DPT(backbone, head, self.output, self.inverse_scale, self.inverse_shift, self.relative)
