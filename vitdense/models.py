@@ -481,7 +481,7 @@ class DPT(nn.Module):
 
     Args:
         backbone: the encoder (plain or hybrid).
-        head: a `DPTHead` (its `hooks` are the blocks read).
+        head: a `DPTHead` (its `hooks` are the blocks, and for DPT-Hybrid the CNN stages, read).
         output: what the head predicts: "metric" depth (metres), or "inverse" depth; with
             "inverse", `depth()` is 1 / (scale * x + shift) as DPT's `invert=True` (its NYU
             model: scale 0.000305, shift 0.1378; KITTI: 0.00006016, 0.00579).
@@ -527,7 +527,8 @@ class DPT(nn.Module):
         DPT predicts at 16 times the patch grid (the input for a patch-16 ViT); another
         token stride (a hybrid's stride 8) is resized to the grid's pixels (bilinear), and the
         right/bottom beyond the input (the backbone pads to whole patches) cropped."""
-        features = self.backbone(images, image_sizes, intermediates=self.head.hooks)
+        head = self.head
+        features = self.backbone(images, image_sizes, intermediates=head.block_hooks, stem_stages=head.stage_hooks)
         out = self.head(features).float()
         rh, rw = self.backbone.patch_size
         size = (features.grid_size[0] * rh, features.grid_size[1] * rw)

@@ -10,6 +10,14 @@ one, so vitdense's own (bicubic) resampling is not involved. The maps equal DPT'
 difference 0.0). /tmp/dpthead_ref/check_transformers.py checked `dpt_state_dict_from_transformers`
 the same way against transformers 5.24's `DPTForDepthEstimation` (square 64 x 64 input: its
 plain ViT lays tokens on a square grid only): max difference 0.0.
+
+`dpt_hybrid_reference.pt` holds DPT-Hybrid's (`DPTDepthModel(backbone="vitb_rn50_384")`,
+readout "project") output for the same ViT-B-shaped encoder behind a ResNetV2 stem of one
+block per stage (timm's R50 layout cut to (1, 1, 1): stages of 256, 512 and 1024 channels,
+stride 16), hooks (0, 1, 8, 11) = stages 0 and 1 of the ResNet, then blocks 8 and 11,
+out_channels (256, 512, 24, 32), on the same image, computed by
+/tmp/depth2_ref/make_hybrid_reference.py (DPT at the same commit, timm 1.0.31's hybrid
+VisionTransformer standing in for timm 0.4's `vit_base_resnet50_384`): max difference 0.0.
 """
 
 from __future__ import annotations
@@ -22,11 +30,14 @@ import torch
 import torch.nn.functional as F
 
 from vitdense.backbone import VisionTransformer
+from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.heads import DPTHead
 from vitdense.heads.dpt import dpt_state_dict_from_transformers, split_dpt_checkpoint
 from vitdense.types import ImageSizes
 
 FIXTURE = Path(__file__).with_name("dpt_reference.pt")
+HYBRID_FIXTURE = Path(__file__).with_name("dpt_hybrid_reference.pt")
+HYBRID_LAYERS, HYBRID_OUT_CHANNELS = (1, 1, 1), (256, 512, 24, 32)
 D, DEPTH, HEADS, NATIVE = 32, 12, 2, 64
 OUT_CHANNELS, FEATURES = (8, 16, 24, 32), 16
 IMAGE = (64, 96)
@@ -70,6 +81,16 @@ def head(readout: str = "project", **kwargs) -> DPTHead:
     return DPTHead(D, features=FEATURES, readout=readout, out_channels=OUT_CHANNELS, **kwargs)
 
 
+def hybrid_backbone() -> VisionTransformer:
+    embed = HybridEmbed(HYBRID_LAYERS, patch_size=1, embed_dim=D)
+    return VisionTransformer(img_size=IMAGE, embed_dim=D, depth=DEPTH, num_heads=HEADS, patch_embed=embed)
+
+
+def hybrid_head() -> DPTHead:
+    """DPT-Hybrid's head: hooks (0, 1, 8, 11), the first two the ResNet's stages."""
+    return DPTHead(D, features=FEATURES, out_channels=HYBRID_OUT_CHANNELS, stage_maps=2, depth=DEPTH)
+
+
 def dpt_shapes(vit: VisionTransformer, dpt: DPTHead) -> dict[str, tuple[int, ...]]:
     """The names and shapes of DPT's state dict for this model (its square native table)."""
     shapes = {f"pretrained.model.{k}": tuple(v.shape) for k, v in vit.state_dict().items()}
@@ -93,7 +114,7 @@ def reference_input() -> torch.Tensor:
 
 
 def run(vit: VisionTransformer, dpt: DPTHead, x: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
-    return dpt(vit(x, image_sizes, intermediates=dpt.hooks))
+    return dpt(vit(x, image_sizes, intermediates=dpt.block_hooks, stem_stages=dpt.stage_hooks))
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +205,7 @@ def test_hooks_errors(small):
         vit(torch.randn(1, 3, 32, 32), intermediates=DPTHead(16, hooks=(0, 1, 2, 12), **TINY).hooks)
     with pytest.raises(ValueError, match="need 4 entries"):
         DPTHead(16, hooks=(0, 1, 2), **TINY)
-    with pytest.raises(ValueError, match="intermediates=head.hooks"):
+    with pytest.raises(ValueError, match="intermediates=head.block_hooks"):
         DPTHead(16, **TINY)(vit(torch.randn(1, 3, 32, 32)))
 
 
@@ -216,3 +237,35 @@ def test_transformers_names_map_to_dpt():
         "scratch.output_conv.4.bias",
     }
     assert out["pretrained.model.blocks.0.attn.qkv.weight"][:, 0].tolist() == [1.0] * 4 + [2.0] * 4 + [3.0] * 4
+
+
+@pytest.fixture(scope="module")
+def hybrid() -> tuple[VisionTransformer, DPTHead]:
+    torch.manual_seed(0)
+    vit, dpt = hybrid_backbone().eval(), hybrid_head().eval()
+    load_reference_weights(vit, dpt)
+    return vit, dpt
+
+
+def test_hybrid_equals_dpt_hybrid(hybrid):
+    """DPT-Hybrid: the 1/4 and 1/8 maps are the ResNet's stages 0 and 1 as they are (DPT's
+    `act_postprocess1/2` are identities, no parameters), blocks 8 and 11 reassembled."""
+    vit, dpt = hybrid
+    assert dpt.hooks == (0, 1, 8, 11) and dpt.stage_hooks == (0, 1) and dpt.block_hooks == (8, 11)
+    assert not any(
+        k.startswith(("pretrained.act_postprocess1", "pretrained.act_postprocess2")) for k in dpt.state_dict()
+    )
+    with torch.no_grad():
+        out = run(vit, dpt, reference_input())
+    expected = torch.load(HYBRID_FIXTURE, weights_only=True)["project"]
+    assert out.shape == (1, 1, *IMAGE) and (expected > 0).float().mean() > 0.4
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_hybrid_head_needs_the_stage_maps(hybrid):
+    vit, dpt = hybrid
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad(), pytest.raises(ValueError, match="stem_stages=head.stage_hooks"):
+        dpt(vit(x, intermediates=dpt.hooks))  # the four hooks as blocks: no stage maps
+    with pytest.raises(ValueError, match="stage_maps=3"):
+        DPTHead(D, stage_maps=3)

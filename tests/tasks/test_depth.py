@@ -237,3 +237,22 @@ def test_onnx_equals_eager(fitted, tmp_path):
         (expected,) = model.export_outputs((raw / 255 - mean[:, None, None]) / std[:, None, None])
     assert depth.shape == (1, 1, *size)
     torch.testing.assert_close(torch.from_numpy(depth), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_dpt_hybrid_reads_the_resnet_stages():
+    """DPT-Hybrid (R50+ViT): hooks (0, 1, blocks) by DPT's rule, the ResNet's stage channels
+    checked against the head's out_channels; a plain ViT has no stages to read."""
+    hybrid = BackboneConfig(
+        name="vit_base_r50_s16_384", img_size=32, model_args={"depth": 4, "embed_dim": 32, "num_heads": 2}
+    )
+    head = partial(DPTHead, features=16, out_channels=(256, 512, 16, 16), stage_maps=2)
+    torch.manual_seed(0)
+    t = DepthTask(head=head, backbone=hybrid, output="inverse", inverse_shift=0.1).eval()
+    assert t.head.hooks == (0, 1, 2, 3) and t.head.stage_hooks == (0, 1)  # DPT's (0, 1, 8, 11) for 12 blocks
+    with torch.no_grad():
+        raw = t.model(torch.randn(1, 3, 32, 48))
+    assert raw.shape == (1, 1, 32, 48) and (raw > 0).float().mean() > 0.5  # alive (init_depth)
+    with pytest.raises(ConfigError, match=r"stage 1 has 512 channels: set out_channels\[1\] to 512"):
+        DepthTask(head=partial(head, out_channels=(256, 256, 16, 16)), backbone=hybrid)
+    with pytest.raises(ConfigError, match="plain patch embedding"):
+        DepthTask(head=head, backbone=TINY)

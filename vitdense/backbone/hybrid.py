@@ -90,23 +90,77 @@ class HybridEmbed(nn.Module):
         encoded as if alone (h, w: the batch's grid)."""
         if image_sizes is None or not image_sizes.has_padding:
             return self._embed(x)
+        return self.forward_stages(x, image_sizes)[0]
+
+    def stage_channels(self, stage: int) -> int:
+        """Channels of the output of the CNN's stage `stage` (R50: 256, 512, 1024)."""
+        return self._stage_info(stage)["num_chs"]
+
+    def _stage_info(self, stage: int) -> dict:
+        stages = getattr(self.backbone, "stages", ())
+        if not 0 <= stage < len(stages):
+            raise ValueError(f"the hybrid's CNN has {len(stages)} stages; stage {stage} does not exist")
+        return self.backbone.feature_info[stage + 1]  # (entry 0 is the stem's)
+
+    def forward_stages(
+        self, x: torch.Tensor, image_sizes: ImageSizes | None = None, stages: Sequence[int] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The tokens of `forward` and the outputs of the CNN's `stages` (DPT-Hybrid reads
+        stages 0 and 1 of its ResNet-50: 256 channels at stride 4, 512 at stride 8).
+
+        Args:
+            x: [B, C, H, W] images, zero-padded right/bottom as `image_sizes` says (None: none is).
+            stages: indices into the CNN's `stages`, in the order wanted.
+
+        Returns:
+            tokens [B, h, w, D]; per stage a map [B, C_s, ceil(H / s), ceil(W / s)] at the
+            stage's stride s, each image's computed alone (as its tokens) and zero beyond it.
+        """
+        reductions = [self._stage_info(i)["reduction"] for i in stages]
+        if image_sizes is not None and (
+            len(image_sizes.sizes) != x.shape[0] or tuple(image_sizes.padded) != tuple(x.shape[-2:])
+        ):
+            raise ValueError(
+                f"image_sizes describe {len(image_sizes.sizes)} images padded to {tuple(image_sizes.padded)}, "
+                f"but the batch is {x.shape[0]} images of {x.shape[-2]} x {x.shape[-1]}"
+            )
+        if image_sizes is None or not image_sizes.has_padding:
+            return self._run(x, stages)
         groups: dict[tuple[int, int], list[int]] = {}
         for i, size in enumerate(image_sizes.sizes):
             groups.setdefault(size, []).append(i)
         gh, gw = image_sizes.at_stride(self.reduction).grid
-        out = None
+        out: torch.Tensor | None = None
+        maps: list[torch.Tensor | None] = [None] * len(stages)
         for (h, w), members in groups.items():
-            tokens = self._embed(x[members, :, :h, :w])  # [n, h_i, w_i, D]
+            tokens, parts = self._run(x[members, :, :h, :w], stages)  # [n, h_i, w_i, D], [n, C_s, h_s, w_s]
             if out is None:
                 out = tokens.new_zeros(x.shape[0], gh, gw, tokens.shape[-1])
             out[members, : tokens.shape[1], : tokens.shape[2]] = tokens
-        return out
+            for k, (part, s) in enumerate(zip(parts, reductions, strict=True)):
+                if maps[k] is None:
+                    size = image_sizes.at_stride((s, s)).grid
+                    maps[k] = part.new_zeros(x.shape[0], part.shape[1], *size)
+                maps[k][members, :, : part.shape[-2], : part.shape[-1]] = part
+        return out, tuple(maps)
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """[B, C, H, W] unpadded images -> [B, ceil(H/r), ceil(W/r), D]."""
-        x = self.backbone(x)
+        return self._run(x, ())[0]
+
+    def _run(self, x: torch.Tensor, stages: Sequence[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """[B, C, H, W] unpadded images -> (tokens [B, ceil(H/r), ceil(W/r), D], the maps of `stages`)."""
+        if stages:  # timm's ResNetV2.forward_features (stem, stages, norm), keeping stage outputs
+            cnn, kept = self.backbone, {}
+            x = cnn.stem(x)
+            for i, stage in enumerate(cnn.stages):
+                x = kept[i] = stage(x)
+            x = cnn.norm(x)
+            maps = tuple(kept[i] for i in stages)
+        else:
+            x, maps = self.backbone(x), ()
         ph, pw = self.patch_size
         pad_h, pad_w = -x.shape[-2] % ph, -x.shape[-1] % pw
         if pad_h or pad_w:
             x = F.pad(x, (0, pad_w, 0, pad_h))
-        return self.proj(x).permute(0, 2, 3, 1)
+        return self.proj(x).permute(0, 2, 3, 1), maps

@@ -97,6 +97,7 @@ class ViTFeatures(NamedTuple):
         intermediates: [B, P + N, D] outputs of the requested blocks, in the order
             requested: raw (before the final norm) unless asked for normalised.
         attentions: [B, num_heads, P + N, P + N] softmax attention of the requested blocks.
+        stem_features: [B, C_s, H / s, W / s] outputs of the requested hybrid CNN stages.
     """
 
     cls_token: torch.Tensor | None
@@ -106,6 +107,7 @@ class ViTFeatures(NamedTuple):
     prefix_tokens: torch.Tensor
     intermediates: tuple[torch.Tensor, ...] = ()
     attentions: tuple[torch.Tensor, ...] = ()
+    stem_features: tuple[torch.Tensor, ...] = ()
 
     def spatial(self) -> torch.Tensor:
         """Patch tokens as a feature map: [B, D, h, w]."""
@@ -778,6 +780,7 @@ class VisionTransformer(nn.Module):
         intermediates: Sequence[int] = (),
         attentions: Sequence[int] = (),
         norm_intermediates: bool = False,
+        stem_stages: Sequence[int] = (),
     ) -> ViTFeatures:
         """Encode a batch.
 
@@ -791,8 +794,17 @@ class VisionTransformer(nn.Module):
             norm_intermediates: pass the intermediates through the final norm (timm's
                 `forward_intermediates(norm=True)`; what HF's and RF-DETR's DINOv2 backbones
                 hand to their necks).
+            stem_stages: a hybrid CNN's stages whose outputs to return (`HybridEmbed.forward_stages`).
         """
-        tokens, image_sizes = self.embed(x, image_sizes)
+        stem_features: tuple[torch.Tensor, ...] = ()
+        if stem_stages:  # the hybrid CNN's stage maps from the same pass (DPT-Hybrid reads two)
+            if not hasattr(self.patch_embed, "forward_stages"):
+                raise ValueError(f"stem_stages={tuple(stem_stages)}: only a hybrid patch embedding has CNN stages")
+            full = image_sizes or ImageSizes.full(x.shape[0], tuple(x.shape[-2:]))
+            tokens, stem_features = self.patch_embed.forward_stages(x, full, stem_stages)
+            image_sizes = full.at_stride(self.patch_size)
+        else:
+            tokens, image_sizes = self.embed(x, image_sizes)
         grid = (tokens.shape[1], tokens.shape[2])
         x = self.add_pos_embed(tokens, image_sizes)
         keys = self.key_mask(image_sizes, x.device)
@@ -813,4 +825,5 @@ class VisionTransformer(nn.Module):
                 self.norm(outs[i % self.depth]) if norm_intermediates else outs[i % self.depth] for i in intermediates
             ),
             attentions=tuple(attns[i % self.depth] for i in attentions),
+            stem_features=stem_features,
         )

@@ -8,7 +8,8 @@ and resampled (4x4 / 2x2 transposed convolution up, as is, strided 3x3 convoluti
 RefineNet-style fusion blocks merge them coarse to fine, each upsampling by 2 (bilinear,
 `align_corners=True` as DPT), and the depth head (3x3 convolution, 2x upsampling, 3x3
 convolution, ReLU, 1x1 convolution, ReLU for non-negative outputs) predicts at 16 times the
-patch grid: the input resolution for a patch-16 ViT.
+patch grid: the input resolution for a patch-16 ViT. DPT-Hybrid (R50+ViT-B/16) takes its
+1/4 and 1/8 maps from the ResNet stem's first two stages instead (`stage_maps=2`).
 
 Parameter names are DPT's own (isl-org/DPT: `pretrained.act_postprocess1.3`,
 `scratch.refinenet4.resConfUnit2.conv1`, `scratch.output_conv.0`), so the head part of a DPT
@@ -131,20 +132,29 @@ class Upsample2x(nn.Module):
         return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True)
 
 
-def dpt_hooks(depth: int) -> tuple[int, int, int, int]:
-    """The four blocks DPT reads from a backbone of `depth` blocks: its choices for ViT-B
+def dpt_hooks(depth: int, stage_maps: int = 0) -> tuple[int, int, int, int]:
+    """The four maps DPT reads from a backbone of `depth` blocks: its choices for ViT-B
     (12: 2, 5, 8, 11) and ViT-L (24: 5, 11, 17, 23) are the last block of each quarter; other
-    depths by the same rule (4: 0, 1, 2, 3)."""
+    depths by the same rule (4: 0, 1, 2, 3). With `stage_maps` k, the first k are the hybrid
+    CNN's stages 0..k-1 instead (DPT-Hybrid, k = 2: 0, 1, 8, 11)."""
     if depth < 4:
         raise ValueError(f"DPT reads four blocks, and the backbone has {depth}: use at least 4 blocks")
-    return tuple(round(depth * k / 4) - 1 for k in (1, 2, 3, 4))  # type: ignore[return-value]
+    blocks = tuple(round(depth * k / 4) - 1 for k in (1, 2, 3, 4))
+    return (*range(stage_maps), *blocks[stage_maps:])  # type: ignore[return-value]
 
 
 class DPTHead(nn.Module):
-    """DPT's reassemble, fusion and depth head over four blocks of a ViT.
+    """DPT's reassemble, fusion and depth head over four blocks of a ViT, or (DPT-Hybrid)
+    over two stages of its hybrid CNN and two blocks.
 
-    The task passes `hooks` to the backbone as `intermediates` (raw block outputs, not
-    normalised, as DPT's forward hooks read them).
+    The model passes `block_hooks` to the backbone as `intermediates` (raw block outputs, not
+    normalised, as DPT's forward hooks read them) and `stage_hooks` as `stem_stages`.
+
+    DPT-Hybrid (`stage_maps=2`, hooks (0, 1, 8, 11), out_channels (256, 512, 768, 768)):
+    the 1/4 and 1/8 maps are the outputs of stages 0 and 1 of the ResNet-50 stem (256 and 512
+    channels at strides 4 and 8), taken as they are (DPT's `act_postprocess1` and `2` are
+    identities: no readout, projection or resampling, and no parameters); the 1/16 and 1/32
+    maps are reassembled from blocks 8 and 11 as in the plain model.
 
     Args:
         embed_dim: D of the backbone.
@@ -162,6 +172,8 @@ class DPTHead(nn.Module):
             768); ViT-L: (256, 512, 1024, 1024)).
         non_negative: ReLU on the output (DPT's inverse depth is non-negative).
         depth: the backbone's depth, if known: `hooks` are then checked against it here.
+        stage_maps: how many of the four maps (the finest first) are the hybrid CNN's stage
+            outputs, `hooks` then naming stages for them: 0 (plain ViT) or DPT-Hybrid's 2.
 
     Padding: DPT has none (it resizes every image to one size). A padded batch runs, with
     padding tokens zeroed after the readout, but a padded image's prediction is not what it
@@ -180,11 +192,17 @@ class DPTHead(nn.Module):
         out_channels: Sequence[int] = (96, 192, 384, 768),
         non_negative: bool = True,
         depth: int | None = None,
+        stage_maps: int = 0,
     ) -> None:
         super().__init__()
+        if stage_maps not in (0, 1, 2):
+            raise ValueError(
+                f"DPTHead: stage_maps={stage_maps}; 0 (plain ViT) or DPT-Hybrid's 2 (at most the 1/4 and 1/8 maps)"
+            )
         #: whether the blocks were chosen (False: DPT's rule, which a task may re-apply for its backbone)
         self.hooks_given = hooks is not None
-        hooks = hooks if hooks is not None else dpt_hooks(depth or 12)
+        self.stage_maps = stage_maps
+        hooks = hooks if hooks is not None else dpt_hooks(depth or 12, stage_maps)
         if len(hooks) != 4 or len(out_channels) != 4:
             raise ValueError(
                 f"DPTHead: hooks={tuple(hooks)} and out_channels={tuple(out_channels)} need 4 entries each "
@@ -192,7 +210,7 @@ class DPTHead(nn.Module):
             )
         if readout not in ("ignore", "add", "project"):
             raise ValueError(f"DPTHead: readout={readout!r}; expected 'ignore', 'add' or 'project'")
-        if depth is not None and (bad := [i for i in hooks if not -depth <= i < depth]):
+        if depth is not None and (bad := [i for i in hooks[stage_maps:] if not -depth <= i < depth]):
             raise ValueError(f"DPTHead: hooks {bad} are out of range for a backbone of depth {depth}")
         self.hooks = tuple(int(i) for i in hooks)
         self.readout = readout
@@ -201,7 +219,9 @@ class DPTHead(nn.Module):
         # stages) and `scratch` (projections, fusion blocks, output head)
         self.pretrained = nn.Module()
         for i, (channels, scale) in enumerate(zip(out_channels, (4.0, 2.0, 1.0, 0.5), strict=True), 1):
-            setattr(self.pretrained, f"act_postprocess{i}", Reassemble(embed_dim, channels, scale, readout))
+            # a CNN stage's map is used as it is (DPT-Hybrid's act_postprocess1/2: identities, no parameters)
+            stage = nn.Identity() if i <= stage_maps else Reassemble(embed_dim, channels, scale, readout)
+            setattr(self.pretrained, f"act_postprocess{i}", stage)
         self.scratch = nn.Module()
         for i, channels in enumerate(out_channels, 1):
             setattr(self.scratch, f"layer{i}_rn", nn.Conv2d(channels, features, 3, padding=1, bias=False))
@@ -228,20 +248,34 @@ class DPTHead(nn.Module):
         with torch.no_grad():
             self.scratch.output_conv[4].bias.fill_(value)
 
+    @property
+    def stage_hooks(self) -> tuple[int, ...]:
+        """The hybrid CNN's stages read (the backbone's `stem_stages`): the first `stage_maps` hooks."""
+        return self.hooks[: self.stage_maps]
+
+    @property
+    def block_hooks(self) -> tuple[int, ...]:
+        """The blocks read (the backbone's `intermediates`): the other hooks."""
+        return self.hooks[self.stage_maps :]
+
     def forward(self, features: ViTFeatures) -> torch.Tensor:
-        """ViTFeatures with the intermediates of `hooks` -> [B, num_outputs, 16 h, 16 w] for
-        the patch grid (h, w): the input size for a patch-16 ViT (inputs whose sides are
-        multiples of 16)."""
-        if len(features.intermediates) != 4:
+        """ViTFeatures with the intermediates of `block_hooks` (and the stem features of
+        `stage_hooks`) -> [B, num_outputs, 16 h, 16 w] for the patch grid (h, w): the input
+        size for a patch-16 ViT (inputs whose sides are multiples of 16)."""
+        if len(features.intermediates) != 4 - self.stage_maps or len(features.stem_features) != self.stage_maps:
             raise ValueError(
-                f"DPTHead reads blocks {self.hooks} but got {len(features.intermediates)} intermediates: "
-                "call the backbone with intermediates=head.hooks"
+                f"DPTHead reads blocks {self.block_hooks} and CNN stages {self.stage_hooks} but got "
+                f"{len(features.intermediates)} intermediates and {len(features.stem_features)} stem features: call "
+                "the backbone with intermediates=head.block_hooks, stem_stages=head.stage_hooks"
             )
         if self.readout != "ignore" and features.prefix_tokens.shape[1] == 0:
             raise ValueError(f"DPTHead(readout={self.readout!r}) needs a class token; use readout='ignore'")
         pre, s = self.pretrained, self.scratch
         stages = (pre.act_postprocess1, pre.act_postprocess2, pre.act_postprocess3, pre.act_postprocess4)
-        maps = [stage(tokens, features) for stage, tokens in zip(stages, features.intermediates, strict=True)]
+        maps = list(features.stem_features) + [
+            stage(tokens, features)
+            for stage, tokens in zip(stages[self.stage_maps :], features.intermediates, strict=True)
+        ]
         l1, l2, l3, l4 = (
             rn(m) for rn, m in zip((s.layer1_rn, s.layer2_rn, s.layer3_rn, s.layer4_rn), maps, strict=True)
         )

@@ -57,6 +57,28 @@ def align_inverse_depth(raw: torch.Tensor, target: torch.Tensor, valid: torch.Te
     return 1.0 / (scale * raw + shift).clamp(min=1e-8)
 
 
+def check_stage_maps(head: DPTHead, backbone: VisionTransformer) -> None:
+    """A DPT-Hybrid head's CNN stages exist in the backbone's hybrid stem and their channels
+    are the head's `out_channels` for them (R50: 256 and 512, DPT's)."""
+    embed = backbone.patch_embed
+    if not hasattr(embed, "stage_channels"):
+        raise ConfigError(
+            f"DPTHead stage_maps={head.stage_maps} reads a hybrid CNN's stages, but the backbone has a plain patch "
+            "embedding: use a hybrid backbone (e.g. vit_base_r50_s16_384) or stage_maps: 0"
+        )
+    layers = (head.scratch.layer1_rn, head.scratch.layer2_rn)[: head.stage_maps]  # the maps the stages become
+    for i, (stage, layer) in enumerate(zip(head.stage_hooks, layers, strict=True), 1):
+        try:
+            channels = embed.stage_channels(stage)
+        except ValueError as err:
+            raise ConfigError(f"DPTHead hooks: {err}") from None
+        if channels != layer.in_channels:
+            raise ConfigError(
+                f"DPTHead out_channels[{i - 1}]={layer.in_channels}, but the hybrid CNN's stage {stage} has "
+                f"{channels} channels: set out_channels[{i - 1}] to {channels} (DPT-Hybrid: [256, 512, 768, 768])"
+            )
+
+
 class DepthTask(BaseTask):
     """Monocular depth estimation with a DPT head.
 
@@ -151,15 +173,20 @@ class DepthTask(BaseTask):
             self.hparams.pop("loss", None)
 
     def configure_head(self, head: HeadFactory, backbone: VisionTransformer) -> nn.Module:
-        """The head, reading DPT's blocks for the backbone's depth unless its `hooks` are given."""
+        """The head, reading DPT's blocks for the backbone's depth unless its `hooks` are
+        given; a DPT-Hybrid head's CNN stages checked against the backbone's CNN."""
         module = super().configure_head(head, backbone)
+        stage_maps = getattr(module, "stage_maps", 0)
         if not getattr(module, "hooks_given", True):
             try:
-                module.hooks = dpt_hooks(backbone.depth)
+                module.hooks = dpt_hooks(backbone.depth, stage_maps)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        if bad := [i for i in module.hooks if not -backbone.depth <= i < backbone.depth]:
+        blocks = module.hooks[stage_maps:]
+        if bad := [i for i in blocks if not -backbone.depth <= i < backbone.depth]:
             raise ConfigError(f"DPTHead hooks {bad} are out of range for a backbone of {backbone.depth} blocks")
+        if stage_maps:
+            check_stage_maps(module, backbone)
         if hasattr(module, "start_output_at"):
             module.start_output_at(self.initial_output())
         return module
