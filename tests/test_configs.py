@@ -9,6 +9,7 @@ import yaml
 from tests.data.test_ade20k import label_map, write_pair
 from tests.data.test_cifar import write_fake_cifar
 from tests.data.test_coco_panoptic import write_instances
+from tests.data.test_depth import write_sample
 from tests.data.test_imagefolder import make_split
 from vitdense.cli import main
 from vitdense.data import write_synthetic_coco, write_synthetic_panoptic
@@ -40,6 +41,7 @@ TESTED = {
     "eomt_coco_panoptic.yaml",
     "eomt_coco_instance.yaml",
     "demo_depth.yaml",
+    "dpt_nyu.yaml",
 }
 
 
@@ -114,6 +116,20 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
             "--data.init_args.loader.batch_size=2",
             "--data.init_args.loader.num_workers=0",
         ]
+    if class_path.endswith("NYUDepthDataModule"):
+        root = tmp_path / "nyu_depth_v2"
+        size = (48, 64)  # NYU's 3:4
+        train = [write_sample(root, "sync", i, size=size) for i in range(4)]
+        test = [write_sample(root, "official_splits/test", i, size=size) for i in range(4, 6)]
+        (root / "nyudepthv2_train_files_with_gt.txt").write_text("\n".join(train) + "\n")
+        (root / "nyudepthv2_test_files_with_gt.txt").write_text("\n".join(test) + "\n")
+        return [
+            f"--data.init_args.root={root}",
+            "--data.init_args.crop_size=[32, 48]",
+            "--model.init_args.crop=none",  # Eigen's crop is defined on NYU's 480 x 640 maps only
+            "--data.init_args.loader.batch_size=2",
+            "--data.init_args.loader.num_workers=0",
+        ]
     assert class_path.startswith("vitdense.data.Synthetic"), f"{name}: no fake data for {class_path}"
     return [
         "--data.init_args.img_size=64",
@@ -144,6 +160,8 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
         args.append(
             "--model.init_args.criterion={class_path: vitdense.losses.MaskSetCriterion, init_args: {num_points: 256}}"
         )
+    if cfg["model"]["init_args"].get("head", {}).get("init_args", {}).get("stage_maps"):
+        args.append("--model.init_args.head.init_args.hooks=[0, 1, 0, 1]")  # DPT-Hybrid's stages, then 2 blocks
     if cfg["model"]["init_args"].get("head", {}).get("class_path", "").endswith("LWDETRHead"):
         args.append("--model.init_args.head.init_args.num_queries=8")  # two-stage picks from the 64 px images' tokens
     args += [
