@@ -69,7 +69,8 @@ class Archive:
     Attributes:
         name: file name on disk, e.g. "val2017.zip".
         path: location relative to the dataset's base URL, e.g. "zips/val2017.zip".
-        md5: the published (or widely used) MD5 of the official file.
+        md5: the published (or widely used) MD5 of the official file; "" where none is published
+            (the download is then not checked: its MD5 and SHA-256 are printed for the user's records).
         size: approximate size in bytes (for --help, free-space warnings and progress when
             the server sends no length).
         licence: short licence / terms text for --help.
@@ -207,6 +208,9 @@ def download(url: str, dest: Path, md5: str, size: int | None = None, retries: i
     dest.parent.mkdir(parents=True, exist_ok=True)
     part, bad = dest.with_name(dest.name + ".part"), dest.with_name(dest.name + ".bad")
     if dest.exists():
+        if not md5:  # nothing to compare with; only a complete download is ever renamed to dest
+            print(f"{dest}: present (no checksum is published); not downloading it again", file=sys.stderr)
+            return dest
         if md5_of(dest) == md5.lower():
             print(f"{dest}: present with the right MD5; not downloading it again", file=sys.stderr)
             return dest
@@ -228,7 +232,7 @@ def download(url: str, dest: Path, md5: str, size: int | None = None, retries: i
             print(f"\n  {url}: {err}; resuming in {wait:.0f} s ({attempt + 1}/{retries})", file=sys.stderr)
             time.sleep(wait)
     actual = md5_of(part)
-    if actual != md5.lower():
+    if md5 and actual != md5.lower():
         part.replace(bad)
         raise ChecksumError(
             f"{url}: the downloaded file has MD5 {actual}, expected {md5}; it is corrupt or not the official "
@@ -513,7 +517,8 @@ def archives_epilog(archives: Iterable[Archive], note: str = "") -> str:
     """--help's list of archives: name, size, MD5, licence and the URL of the terms."""
     lines = ["archives (sizes approximate):"]
     for a in archives:
-        lines += [f"  {a.name:32s} ~{human_size(a.size):11s} md5 {a.md5}", f"      licence: {a.licence}"]
+        checksum = f"md5 {a.md5}" if a.md5 else "no checksum published"
+        lines += [f"  {a.name:32s} ~{human_size(a.size):11s} {checksum}", f"      licence: {a.licence}"]
         lines += [f"      terms:   {a.terms}"]
     return "\n".join(lines) + ("\n\n" + note if note else "")
 
