@@ -232,14 +232,34 @@ class Attention(nn.Module):
             x = self.windowed(x, attn_mask, window, rope)
             return self.proj_drop(self.proj(self.norm(x))), None
         b, t, d = x.shape
-        q, k, v = self.project(x, rope).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self.project_heads(x, rope)
         x, attn = self.attend(q, k, v, attn_mask, return_attention)
         x = self.proj(self.norm(x.transpose(1, 2).reshape(b, t, d)))
         return self.proj_drop(x), attn
 
     def project(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
-        """Queries, keys and values [B, T, 3, heads, head_dim] of tokens x [B, T, D]: the
-        projections, then the query/key norms and the rotary embedding where configured."""
+        """Queries, keys and values [B, T, 3, heads, head_dim] of tokens x [B, T, D] (the
+        windowed path's layout): the projections, then the query/key norms and the rotary
+        embedding where configured."""
+        qkv = self._qkv(x)
+        if rope is None and isinstance(self.q_norm, nn.Identity):
+            return qkv
+        q, k, v = qkv.unbind(2)
+        return torch.stack([*self._norm_rotate(q, k, rope, 1), v], 2)
+
+    def project_heads(
+        self, x: torch.Tensor, rope: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`project` in the global path's layout: q, k, v [B, heads, T, head_dim] (rotated in
+        that layout, as timm's, with no copy back)."""
+        q, k, v = self._qkv(x).permute(2, 0, 3, 1, 4).unbind(0)
+        if rope is None and isinstance(self.q_norm, nn.Identity):
+            return q, k, v
+        q, k = self._norm_rotate(q, k, rope.transpose(1, 2) if rope is not None else None, 2)
+        return q, k, v
+
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """The projections of x [B, T, D] in each layout's own parameters: [B, T, 3, heads, head_dim]."""
         b, t, _ = x.shape
         if self.qkv is None:
             qkv = torch.stack([self.q_proj(x), self.k_proj(x), self.v_proj(x)], 2)
@@ -247,20 +267,24 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
         else:
             qkv = self.qkv(x)
-        qkv = qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
-        if rope is None and isinstance(self.q_norm, nn.Identity):
-            return qkv
-        q, k, v = qkv.unbind(2)
+        return qkv.reshape(b, t, 3, self.num_heads, self.head_dim)
+
+    def _norm_rotate(
+        self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor | None, token_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
-            q, k = self.rotate(q, rope), self.rotate(k, rope)
-        return torch.stack([q, k, v], 2)
+            q, k = self.rotate(q, rope, token_dim), self.rotate(k, rope, token_dim)
+        return q, k
 
-    def rotate(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        """timm's `apply_rot_embed_cat` on the last N tokens of x [B, T, heads, head_dim]
-        (N = rope's token count; computed in rope's precision, returned in x's dtype)."""
-        p = x.shape[1] - rope.shape[-3]  # (a positive start: a symbolic negative one would fix exported sizes)
-        return torch.cat([x[:, :p], apply_rot_embed_cat(x[:, p:], rope, half=self.rotate_half)], 1)
+    def rotate(self, x: torch.Tensor, rope: torch.Tensor, token_dim: int = 1) -> torch.Tensor:
+        """timm's `apply_rot_embed_cat` on the last N tokens (along `token_dim`) of x
+        [B, T, heads, head_dim] or [B, heads, T, head_dim] (N = rope's token count; computed in
+        rope's precision, returned in x's dtype)."""
+        t, n = x.shape[token_dim], rope.shape[token_dim]
+        # (a positive start: a symbolic negative one would fix exported sizes)
+        prefix, patches = x.narrow(token_dim, 0, t - n), x.narrow(token_dim, t - n, n)
+        return torch.cat([prefix, apply_rot_embed_cat(patches, rope, half=self.rotate_half)], token_dim)
 
     def attend(
         self,
