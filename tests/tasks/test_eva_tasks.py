@@ -1,8 +1,9 @@
 """Tasks on an encoder of timm's Eva family (here DINOv3: RoPE, registers, LayerScale, no
 position table): fit -> predict -> export of a segmenter, and a training step of the demos
-whose tasks treat the tokens in their own way (joined queries, windows and several levels, a
-subset of the tokens, corrupted tokens). Classification and the linear probe read the class
-token and the blocks' outputs as every encoder gives them."""
+whose tasks treat the tokens in their own way (windows and several levels, a subset of the
+tokens, corrupted tokens). EoMT's joined queries on DINOv3: configs/eomt_coco_panoptic_dinov3.yaml
+in tests/test_configs.py. Classification and the linear probe read the class token and the
+blocks' outputs as every encoder gives them."""
 
 import numpy as np
 import onnxruntime
@@ -62,7 +63,6 @@ def test_segmenter_fits_predicts_and_exports(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("config", "extra"),
     [
-        ("demo_panoptic.yaml", []),  # EoMT's queries joined before the (not rotated) prefix tokens
         ("demo_det_lwdetr.yaml", ["--model.init_args.head.init_args.neck.init_args.feature_indexes=[0, 1]"]),
         ("demo_pretrain_mpp.yaml", []),
         ("demo_pretrain.yaml", ["--model.init_args.objective.init_args.sincos_pos_embed=false"]),
