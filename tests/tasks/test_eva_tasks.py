@@ -9,7 +9,6 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from PIL import Image
 
 import vitdense
 from tests.conftest import CONFIGS
