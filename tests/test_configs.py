@@ -39,6 +39,7 @@ TESTED = {
     "demo_seg_eomt.yaml",
     "eomt_ade20k.yaml",
     "eomt_coco_panoptic.yaml",
+    "eomt_coco_panoptic_dinov3.yaml",
     "eomt_coco_instance.yaml",
     "demo_depth.yaml",
     "dpt_nyu.yaml",

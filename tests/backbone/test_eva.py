@@ -160,3 +160,23 @@ def test_dinov3_rope_built_for_export_equals_timms():
     rope = create_backbone("vit_small_patch16_dinov3", model_args={"depth": 1}).rope
     for grid in [(3, 5), (7, 2), (1, 1)]:
         torch.testing.assert_close(_dinov3_traced(rope, grid), rope.get_embed(shape=list(grid)), rtol=0, atol=1e-6)
+
+
+def test_dinov3_checkpoint_in_metas_own_layout_loads(tmp_path):
+    """A file as facebookresearch/dinov3 saves it (storage tokens, ls1.gamma, one qkv bias with
+    the key's zeros and its bias_mask, mask_token, rope_embed.periods) goes through timm's
+    converter to the same features as timm's layout."""
+    name, args = FAMILIES["dinov3"]
+    ref = perturbed_reference(name, args)
+    meta = {"mask_token": torch.zeros(1, ref.embed_dim), "rope_embed.periods": torch.ones(16)}
+    for key, value in ref.state_dict().items():
+        if key.endswith("attn.q_bias"):
+            v_bias = ref.state_dict()[key.replace("q_bias", "v_bias")]
+            meta[key.replace("q_bias", "qkv.bias")] = torch.cat([value, torch.zeros_like(value), v_bias])
+            meta[key.replace("q_bias", "qkv.bias_mask")] = torch.ones(3 * value.numel())
+        elif not key.endswith("attn.v_bias"):
+            key = key.replace("reg_token", "storage_tokens").replace("gamma_1", "ls1.gamma")
+            meta[key.replace("gamma_2", "ls2.gamma")] = value
+    torch.save({"teacher": None, "model": meta}, tmp_path / "dinov3_vits16.pth")
+    ours = create_backbone(name, checkpoint=tmp_path / "dinov3_vits16.pth", model_args=args).eval()
+    assert_matches_timm(ours, ref, [(48, 80)], batch=1)

@@ -5,7 +5,7 @@ the backbone's attention and the DETR layers alike."""
 import pytest
 import torch
 
-from vitdense.backbone.vit import Attention, fused_attention
+from vitdense.backbone.attention import Attention, fused_attention
 from vitdense.heads import detr
 from vitdense.heads.detr import DETRDecoderLayer, DETREncoderLayer
 
@@ -15,7 +15,7 @@ def test_explicit_only_for_bf16_or_dropout_on_cpu(monkeypatch: pytest.MonkeyPatc
     """fp32 and fp16 fused; attention dropout on CPU explicit (torch has no fused CPU kernel
     with it); bf16 (the dtype, or autocast's) explicit on a CPU without AMX, and with AMX
     only for training sequences of up to 1024 queries."""
-    monkeypatch.setattr("vitdense.backbone.vit._cpu_has_amx", lambda: amx)
+    monkeypatch.setattr("vitdense.backbone.attention._cpu_has_amx", lambda: amx)
     x, long = torch.zeros(1, 2, 8), torch.zeros(1, 1025, 8)
     assert fused_attention(x) and fused_attention(long)
     assert not fused_attention(x, dropout=0.1) and not fused_attention(long, dropout=0.1)
@@ -36,7 +36,7 @@ def test_dropout_reaches_the_rule_in_training_only(monkeypatch):
     seen = []
     rule = lambda x, dropout=0.0: seen.append(dropout) or True  # noqa: E731
     monkeypatch.setattr(detr, "fused_attention", rule)
-    monkeypatch.setattr("vitdense.backbone.vit.fused_attention", rule)
+    monkeypatch.setattr("vitdense.backbone.attention.fused_attention", rule)
     layers = Attention(8, 2, attn_drop=0.1), DETREncoderLayer(8, 2, 16, 0.2)
     for train in (True, False):
         layers[0].train(train)(torch.zeros(1, 3, 8))
@@ -47,7 +47,9 @@ def test_dropout_reaches_the_rule_in_training_only(monkeypatch):
 def test_backbone_and_decoder_take_the_same_path(monkeypatch):
     calls = []
     monkeypatch.setattr(detr, "fused_attention", lambda x, dropout=0.0: calls.append("detr") or True)
-    monkeypatch.setattr("vitdense.backbone.vit.fused_attention", lambda x, dropout=0.0: calls.append("vit") or True)
+    monkeypatch.setattr(
+        "vitdense.backbone.attention.fused_attention", lambda x, dropout=0.0: calls.append("vit") or True
+    )
     with torch.no_grad():
         Attention(8, 2)(torch.zeros(1, 3, 8))
         DETREncoderLayer(8, 2, 16, 0.0)(torch.zeros(1, 3, 8), torch.zeros(1, 3, 8), None)

@@ -1,8 +1,9 @@
 """The ViT backbone: `create_backbone(name, ...)` -> `VisionTransformer` -> `ViTFeatures`."""
 
+from vitdense.backbone.attention import Attention
 from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.backbone.pretrained import CheckpointError, create_backbone, load_weights, read_state_dict
-from vitdense.backbone.vit import Attention, Block, PatchEmbed, VisionTransformer, ViTFeatures
+from vitdense.backbone.vit import Block, PatchEmbed, VisionTransformer, ViTFeatures
 
 __all__ = [
     "Attention",

@@ -25,7 +25,8 @@ from timm.models.eva import Eva, EvaAttention
 from timm.models.eva import EvaBlock as TimmEvaBlock
 from torch import nn
 
-from vitdense.backbone.vit import Attention, AttnImpl, PatchEmbed, QkvLayout, Window
+from vitdense.backbone.attention import Attention, AttnImpl, QkvLayout, Window
+from vitdense.backbone.vit import PatchEmbed
 from vitdense.errors import ConfigError
 
 MlpKind = Literal["gelu", "swiglu", "swiglu_packed"]

@@ -28,9 +28,10 @@ from timm.models.vision_transformer import VisionTransformer as TimmVisionTransf
 from timm.models.vision_transformer import checkpoint_filter_fn
 from torch import nn
 
+from vitdense.backbone.attention import AttnImpl
 from vitdense.backbone.eva import EvaBlock, eva_arch_from_timm
 from vitdense.backbone.hybrid import HybridEmbed
-from vitdense.backbone.vit import AttnImpl, VisionTransformer
+from vitdense.backbone.vit import VisionTransformer
 from vitdense.errors import CheckpointError, ConfigError
 from vitdense.safe_load import torch_load
 

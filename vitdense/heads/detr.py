@@ -42,7 +42,7 @@ from timm.layers import trunc_normal_
 from torch import nn
 
 from vitdense.backbone import ViTFeatures
-from vitdense.backbone.vit import fused_attention
+from vitdense.backbone.attention import fused_attention
 from vitdense.types import DetectionOutput, ImageSizes
 
 
