@@ -265,7 +265,7 @@ class DepthEvalTransform:
         return {"image": self.preprocess(image), "mask": torch.from_numpy(np.ascontiguousarray(mask))}
 
 
-#: BTS's NYU batch; evaluation's images share one size (480 x 640), so they batch unpadded
+#: 8 images (BTS's NYU and KITTI runs: 4); evaluation's images share one size (480 x 640), so they batch unpadded
 DEPTH_LOADER = LoaderConfig(batch_size=8)
 
 
