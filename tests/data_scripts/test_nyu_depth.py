@@ -78,7 +78,6 @@ def served(server, tmp_path, monkeypatch):
 
 
 def test_end_to_end_rerun_and_the_datamodule_reads_it(served, server, tmp_path, capsys):
-    pytest.importorskip("h5py")  # (writing the test frames needs it)
     from vitdense.data import LoaderConfig, NYUDepthDataModule
 
     script, images, depths = served
@@ -112,7 +111,6 @@ def test_end_to_end_rerun_and_the_datamodule_reads_it(served, server, tmp_path, 
 
 
 def test_verify_names_what_is_missing(served, server, tmp_path, capsys):
-    pytest.importorskip("h5py")  # (writing the test frames needs it)
     script, _, _ = served
     out = tmp_path / "nyu"
     assert script.main(["--out", str(out), "--base-url", server.url, "--test-only"]) == 0
