@@ -10,13 +10,20 @@ from vitdense.bench import main
 
 
 def test_backbone_bench_prints_ratio(capsys):
-    main("backbone --model vit_tiny_patch16_224 --img-size 32 --batch-size 1 --iters 1 --warmup 0".split())
-    out = capsys.readouterr().out
-    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+    main(
+        "backbone --model vit_tiny_patch16_224 --img-size 32 --batch-size 1 --iters 1 --warmup 0 --gemm-size 256".split()
+    )
+    out = capsys.readouterr().out.splitlines()
+    lines = {line.split()[0]: line.split()[1:] for line in out[2:5]}
     assert set(lines) == {"vitdense", "timm", "ratio"}
     assert all(float(v) > 0 for row in lines.values() for v in row)
     # same weights, same computation: the activations saved for backward are the same size in fp32
     assert lines["vitdense"][2] == lines["timm"][2]
+    # distance to the limit: ViT-Ti/16 at 32 px (4 patches + class token, 12 blocks) counts about 0.03
+    # GFLOP a forward; each model's share of the GEMM peak is a percentage (noisy at this size: no upper bound)
+    assert out[5].startswith("distance to the limit: 0.0")
+    peak = {line.split()[0]: [float(v.rstrip("%")) for v in line.split()[1:]] for line in out[7:9]}
+    assert set(peak) == {"vitdense", "timm"} and all(v > 0 for row in peak.values() for v in row)
 
 
 def test_export_bench_prints_both_runtimes(capsys):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import timm
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from vitdense.backbone import create_backbone
 from vitdense.bench.common import autocast, machine, memory_label, saved_activation_bytes, time_call
@@ -74,7 +76,36 @@ def bench_backbone(args: argparse.Namespace) -> dict[str, dict[str, float]]:
             times.setdefault((name, "train"), []).append(time_call(lambda n=name: train(n), device))
     for (name, kind), ts in times.items():
         results[name][f"{kind}_img_s"] = args.batch_size / statistics.median(ts)
+    # distance to the limit: the model's counted FLOPs at the measured rate, against a large
+    # GEMM's rate on the same threads and dtype
+    flops = {"infer": counted_flops(lambda: infer("timm")), "train": counted_flops(lambda: train("timm"))}
+    peak = gemm_peak_flops(device, args.precision, args.gemm_size)
+    for name in models:
+        for kind in ("infer", "train"):
+            rate = flops[kind] / args.batch_size * results[name][f"{kind}_img_s"]
+            results[name][f"{kind}_peak_pct"] = 100 * rate / peak
+    results["_peak"] = {"gflops": peak / 1e9, "infer_gflop_img": flops["infer"] / args.batch_size / 1e9}
     return results
+
+
+def counted_flops(step: Callable[[], object]) -> float:
+    """Floating-point operations of one call of `step`, counted by torch's FlopCounterMode
+    (matrix products and convolutions, 2 per multiply-add; what a GEMM peak is measured in)."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return float(counter.get_total_flops())
+
+
+def gemm_peak_flops(device: torch.device, precision: str, n: int = 2048, rounds: int = 5) -> float:
+    """FLOP/s of an n x n x n matrix product on `device` in the precision's dtype, best of
+    `rounds`: the practical peak the model's rate is a fraction of."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b  # warm-up (oneDNN's first call builds its kernel)
+    best = min(time_call(lambda: a @ b, device) for _ in range(rounds))
+    return 2 * n**3 / best
 
 
 def print_backbone(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> None:
@@ -91,3 +122,11 @@ def print_backbone(args: argparse.Namespace, results: dict[str, dict[str, float]
         print(f"{name:10}" + "".join(f"{results[name][key]:16.2f}" for key, _ in cols))
     ratios = [results["vitdense"][key] / results["timm"][key] for key, _ in cols]
     print(f"{'ratio':10}" + "".join(f"{r:16.3f}" for r in ratios))
+    peak = results["_peak"]
+    print(
+        f"distance to the limit: {peak['infer_gflop_img']:.2f} GFLOP per image forward (FlopCounterMode), "
+        f"{args.precision} GEMM peak {peak['gflops']:.0f} GFLOP/s ({torch.get_num_threads()} threads, {args.gemm_size}^3)"
+    )
+    print(f"{'% of peak':10}{'infer':>16}{'train':>16}")
+    for name in ("vitdense", "timm"):
+        print(f"{name:10}" + "".join(f"{results[name][f'{k}_peak_pct']:15.1f}%" for k in ("infer", "train")))

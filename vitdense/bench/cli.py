@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     bb.add_argument("--grad-checkpointing", action="store_true")
     bb.add_argument("--iters", type=int, default=10, help="timed rounds per model")
     bb.add_argument("--warmup", type=int, default=2)
+    bb.add_argument("--gemm-size", type=int, default=2048, help="side of the square GEMM whose rate is the peak")
     bb.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ex = sub.add_parser("export", help="eager vs onnxruntime latency of each task's exported graph, batch 1")
     ex.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
