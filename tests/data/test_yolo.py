@@ -322,4 +322,4 @@ def test_cocoeval_on_the_converted_json_equals_detection_mean_ap(shapes, tmp_pat
     evaluation.summarize()
     ours = metric.compute()
     np.testing.assert_allclose([float(ours[k]) for k in SUMMARY], evaluation.stats, atol=1e-6)
-    assert 0.2 < evaluation.stats[0] < 0.95  # a real comparison, neither 0 nor perfect
+    assert 0.1 < evaluation.stats[0] < 0.95  # a real comparison, neither 0 nor perfect
