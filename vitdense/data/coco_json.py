@@ -142,8 +142,14 @@ def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: b
     image or category id, an annotation of an unknown image or category, a bbox that is not
     four numbers, or (with `check_files`) an image listed but absent from `image_dir`.
     """
-    path, image_dir = Path(annotation_file), Path(image_dir)
-    data = _load_json(path)
+    path = Path(annotation_file)
+    return coco_index(_load_json(path), path, image_dir, check_files)
+
+
+def coco_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_files: bool = True) -> CocoIndex:
+    """`load_coco` of COCO JSON already read (`data`, from `path`): other formats converted
+    to COCO's (`vitdense.data.yolo`) give the samples a COCO file of the same boxes gives."""
+    image_dir = Path(image_dir)
     _require(data, ("images", "annotations", "categories"), "the file", path)
     category_ids, class_names = _categories(data, path)
     label_of = {cid: label for label, cid in enumerate(category_ids)}

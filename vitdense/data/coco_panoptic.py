@@ -458,9 +458,14 @@ def load_coco_instance_masks(
 ) -> InstanceIndex:
     """Read and check a COCO instances JSON file for its masks (what is checked: the module
     docstring). Every annotation needs `segmentation`; a `bbox` is not read."""
-    path, image_dir = Path(annotation_file), Path(image_dir)
+    path = Path(annotation_file)
     _require_file(path, INSTANCE_LAYOUT)
-    data = _load_json(path)
+    return instance_index(_load_json(path), path, image_dir, check_files)
+
+
+def instance_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_files: bool = True) -> InstanceIndex:
+    """`load_coco_instance_masks` of COCO JSON already read (`data`, from `path`)."""
+    image_dir = Path(image_dir)
     categories = _segment_categories(data, path, panoptic=False)
     label_of = categories.label_of
     _require(data, ("images", "annotations"), "the file", path)
