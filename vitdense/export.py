@@ -90,6 +90,11 @@ class Traced:
     fixed_because: str | None
     #: the size asked for: a fixed graph's size
     size: tuple[int, int] = (224, 224)
+    #: the example's height and width. Kept here because reading them off the graph's symbolic
+    #: shapes with int() adds a guard to the program's shape environment: a `.pt2` saved after
+    #: that read was fixed to the example's size ("Guard failed: images.size()[2] == 48" when the
+    #: loaded program ran at another size)
+    example: tuple[int, int] = (224, 224)
 
 
 def trace(wrapper: Normalized, height: int, width: int, dynamic: bool = True) -> Traced:
@@ -117,7 +122,8 @@ def trace(wrapper: Normalized, height: int, width: int, dynamic: bool = True) ->
             cols = Dim("cols", min=2, max=MAX_SIDE // patch[1])
             shapes = {"images": {2: patch[0] * rows, 3: patch[1] * cols}}
             try:
-                return Traced(torch.export.export(wrapper, example, dynamic_shapes=shapes), None, (height, width))
+                program = torch.export.export(wrapper, example, dynamic_shapes=shapes)
+                return Traced(program, None, (height, width), (example_height, example_width))
             except Exception as err:  # torch reports guards it cannot keep symbolic in many exception types
                 reason = (
                     f"torch.export cannot keep the sizes symbolic through this model ({first_line(err)}"
@@ -128,7 +134,7 @@ def trace(wrapper: Normalized, height: int, width: int, dynamic: bool = True) ->
 
 def fixed_trace(wrapper: Normalized, size: tuple[int, int], reason: str) -> Traced:
     with torch.no_grad():
-        return Traced(torch.export.export(wrapper, (torch.rand(1, 3, *size) * 255,)), reason, size)
+        return Traced(torch.export.export(wrapper, (torch.rand(1, 3, *size) * 255,)), reason, size, size)
 
 
 def save(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: list[str]) -> Traced:
@@ -168,7 +174,7 @@ def save(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: 
                 wrapper, (torch.rand(size) * 255,), str(path), dynamo=False, input_names=["images"],
                 output_names=outputs, opset_version=17,
             )  # fmt: skip
-    return Traced(traced.program, traced.fixed_because or reason, traced.size)
+    return Traced(traced.program, traced.fixed_because or reason, traced.size, traced.example)
 
 
 def run_exported(path: Path, fmt: Format, images: torch.Tensor) -> list[torch.Tensor]:
@@ -187,8 +193,7 @@ def check_dynamic(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, 
     """A dynamic graph, run at a size other than its example's against the eager wrapper;
     where it fails or differs (beyond 1e-3), the graph is exported again at the example's
     size. (A converter may keep a size of the example somewhere in the graph.)"""
-    (example,) = [n.meta["val"] for n in traced.program.graph.nodes if n.op == "placeholder" and n.name == "images"]
-    _, _, h, w = (int(d) for d in example.shape)
+    h, w = traced.example  # (not read off the graph: see Traced.example)
     patch = wrapper.model.backbone.patch_size
     other = torch.rand(1, 3, h + 2 * patch[0], w + patch[1]) * 255
     try:
@@ -225,7 +230,11 @@ def describe(traced: Traced, outputs: list[str]) -> list[str]:
     lines += [f"  output {name} {shape(node)}" for name, node in zip(outputs, results, strict=True)]
     if traced.fixed_because is None:  # the symbols of the input's sides, by name
         _, _, h, w = placeholders[0].meta["val"].shape
-        lines = [re.sub(rf"\b{h}\b", "height", re.sub(rf"\b{w}\b", "width", line)) for line in lines]
+
+        def named(line: str, size, name: str) -> str:  # a symbol such as 16*s30, as a whole term
+            return re.sub(rf"(?<![\w*]){re.escape(str(size))}(?![\w*])", name, line)
+
+        lines = [named(named(line, w, "width"), h, "height") for line in lines]
     return lines
 
 
