@@ -7,6 +7,8 @@ import argparse
 import torch
 
 from vitdense.bench.backbone import bench_backbone, print_backbone
+from vitdense.bench.cold_start import add_parser as add_cold_start
+from vitdense.bench.cold_start import bench_cold_start, print_cold_start
 from vitdense.bench.common import PRECISIONS
 from vitdense.bench.data import bench_data, print_data
 from vitdense.bench.detection import bench_det_heads, print_det_heads
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--steps", type=int, default=6, help="timed rounds per model")
     sh.add_argument("--warmup", type=int, default=1)
     sh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_cold_start(sub)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -133,3 +136,5 @@ def main(argv: list[str] | None = None) -> None:
         run_eomt_peer(args)
     elif args.command == "seg-heads":
         run_seg_heads(args)
+    elif args.command == "cold-start":
+        print_cold_start(args, bench_cold_start(args))
