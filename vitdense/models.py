@@ -138,17 +138,25 @@ class Segmenter(nn.Module):
         # (CPU, measured), so it is upsampled as NCHW and copied once by the loss.
         masks = self.head(self.backbone(images, image_sizes)).float()
         masks = masks.contiguous(memory_format=torch.channels_last if len(masks) > 1 else torch.contiguous_format)
+        return self.upsample(masks, images.shape[-2:])
+
+    def upsample(self, masks: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+        """Patch-level logits [B, K, h, w] -> pixel logits [B, K, H, W] (`size`): bilinear to
+        the padded grid's pixels, then cropped."""
         ph, pw = self.backbone.patch_size
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
-        return logits[..., : images.shape[-2], : images.shape[-1]]
+        return logits[..., : size[0], : size[1]]
 
     export_names: ClassVar[tuple[str, ...]] = ("logits",)
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Pixel logits [1, K, H, W] of the whole input (the sliding windows of `segment` are
-        the caller's loop)."""
-        return (self(images),)
+        """Pixel logits [B, K, H, W] of the whole input (the sliding windows of `segment` are
+        the caller's loop). `forward`'s memory-format choice is left out: it branches on
+        the batch, which would fix an exported graph's batch to its example's (the values
+        are the same in either format)."""
+        masks = self.head(self.backbone(images)).float()
+        return (self.upsample(masks, images.shape[-2:]),)
 
     @torch.no_grad()
     def segment(
