@@ -4,21 +4,29 @@ TensorRT, `torch.export.load`). `--format weights` writes the backbone's weights
 timm's names, as `.safetensors` (what `backbone.checkpoint` and timm's `pretrained_cfg_overlay`
 load): e.g. a pre-trained encoder (`MaskedImageModelingTask`) for any downstream task.
 
-Every exported graph takes `images`: float32 [1, 3, H, W], RGB pixel values 0..255 (a
-decoded 8-bit image as floats), and normalises them as the checkpoint's data did. It returns
-what the model declares (`export_outputs`, `export_names` in `vitdense.models`):
+Every exported graph takes `images`: float32 [B, 3, H, W], RGB pixel values 0..255 (decoded
+8-bit images as floats, all of one size), and normalises them as the checkpoint's data did. It
+returns what the model declares (`export_outputs`, `export_names` in `vitdense.models`), per
+image of the batch:
 
-    classification    probs [1, K] (softmax)
-    linear probe      probs [1, K] of the head that validated best
-    segmentation      logits [1, K, H, W] of the whole input (the model's forward; the
+    classification    probs [B, K] (softmax)
+    linear probe      probs [B, K] of the head that validated best
+    segmentation      logits [B, K, H, W] of the whole input (the model's forward; the
                       sliding windows of `Segmenter.segment` are the caller's loop)
-    detection         boxes [1, N, 4] (x1, y1, x2, y2) pixels of the input, scores [1, N],
-                      labels [1, N], best first, post-processed as the checkpoint's
+    detection         boxes [B, N, 4] (x1, y1, x2, y2) pixels of the input, scores [B, N],
+                      labels [B, N], best first, post-processed as the checkpoint's
                       `selection` says (DETR's one per query, or the top_k pairs)
+    EoMT              class_probs [B, Q, K + 1], mask_logits [B, Q, H, W]
+    depth (DPT)       depth (or a relative model's inverse_depth) [B, 1, H, W]
 
-Height and width are dynamic, in multiples of the patch size, where `torch.export` can trace
-the model for any size (a plain ViT: the position embeddings are resampled in the graph); otherwise (the hybrid's ResNet
-stem) the graph is fixed to the export size, and the command says so. The batch is 1.
+The batch is dynamic (1 to `MAX_BATCH`; traced on 2 images, since torch.export fixes a
+dimension whose example is 1) and so are height and width, in multiples of the patch size,
+where `torch.export` can trace the model that way (a plain ViT: the position embeddings are
+resampled in the graph). Otherwise each is fixed, the sizes to the export size (the hybrid's
+ResNet stem), the batch to 1, and the command says which and why: nothing is fixed silently.
+The command also runs the written file on one image at another size against the model and
+exports again with the batch, then the sizes, fixed where that fails. `--no-dynamic` and
+`--no-dynamic-batch` fix them by choice (a runtime that builds for one shape).
 """
 
 from __future__ import annotations
@@ -102,9 +110,7 @@ class Traced:
     batch_fixed_because: str | None = None
 
 
-def trace(
-    wrapper: Normalized, height: int, width: int, dynamic: bool = True, dynamic_batch: bool = True
-) -> Traced:
+def trace(wrapper: Normalized, height: int, width: int, dynamic: bool = True, dynamic_batch: bool = True) -> Traced:
     """`torch.export` of `wrapper` on an example batch of `height` x `width` images: dynamic
     height and width (`dynamic`) and a dynamic batch (`dynamic_batch`) where asked and
     possible, else each fixed (sizes to the example's, the batch to 1) with the reason.
@@ -147,9 +153,7 @@ def trace(
     raise AssertionError("unreachable: the last trace, nothing dynamic, returns or raises")
 
 
-def export_program(
-    wrapper: Normalized, size: tuple[int, int], dynamic: bool, dynamic_batch: bool
-) -> ExportedProgram:
+def export_program(wrapper: Normalized, size: tuple[int, int], dynamic: bool, dynamic_batch: bool) -> ExportedProgram:
     """`torch.export.export` of the wrapper on random 0..255 images of `size`: a batch of 2
     where the batch is dynamic (torch.export specialises a dimension whose example is 0 or 1),
     else of 1."""
@@ -265,8 +269,13 @@ def check_dynamic(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, 
 
 
 def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return (text.splitlines()[0] if text else type(err).__name__)[:200]
+    """An error in one line: its first, and where torch.export lists what it could not keep
+    symbolic on later lines ("  - Not all values of batch ..."), the first of those."""
+    lines = str(err).strip().splitlines()
+    if not lines:
+        return type(err).__name__
+    detail = next((line.strip()[2:] for line in lines[1:] if line.strip().startswith("- ")), None)
+    return (lines[0] if detail is None else f"{lines[0]} {detail}")[:300]
 
 
 def describe(traced: Traced, outputs: list[str]) -> list[str]:
