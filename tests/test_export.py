@@ -1,5 +1,6 @@
 """`python -m vitdense export`: onnxruntime (and `torch.export.load`) give the eager model's
-numbers, normalisation included, on three input sizes per task where the graph is dynamic."""
+numbers, normalisation included, on three input sizes per task and on batches of 1 and 3
+(the graphs are dynamic in both)."""
 
 import functools
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from vitdense.cli import main
-from vitdense.export import exportable, save, trace
+from vitdense.export import describe, dynamic_lines, exportable, save, trace
 from vitdense.models import postprocess
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, LinearProbeTask, SegmentationTask
 
@@ -65,8 +66,8 @@ def eager(task: str, model, images: torch.Tensor) -> list[np.ndarray]:
             return [model(x)[1].softmax(-1).numpy()]
         if task.startswith("seg"):
             return [model(x).numpy()]
-        boxes, scores, labels = postprocess(model(x), [tuple(images.shape[-2:])], model.selection, model.top_k)
-        return [boxes[0][None].numpy(), scores[0][None].numpy(), labels[0][None].numpy()]
+        sizes = [tuple(images.shape[-2:])] * len(images)
+        return [torch.stack(out).numpy() for out in postprocess(model(x), sizes, model.selection, model.top_k)]
 
 
 @pytest.fixture(scope="module")
@@ -111,30 +112,61 @@ def outputs_of(fmt: str, path, images: torch.Tensor) -> list[np.ndarray]:
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 @pytest.mark.parametrize("task", ["cls", "probe", "seg", "seg_dinov3", "det", "lwdetr"])
 def test_the_exported_graph_equals_eager(exported, task, fmt):
-    """At the export size and two more (the command checks a graph at another size and
-    otherwise exports a fixed one, saying why: tests/test_export.py's models all stay dynamic)."""
+    """One image at the export size and two more, then three different images in one batch
+    (traced on 2: a batch of 1 is what torch.export treats apart, and what a graph whose
+    batch was fixed to its example's refuses). The command checks a graph on one image at
+    another size and otherwise exports a fixed one, saying why: tests/test_export.py's models
+    all stay dynamic."""
     model, folder, _, written = exported[task]
     # every family on a plain ViT and on DINOv3 (RoPE): dynamic in both formats, .pt2 included
     # (it came out fixed while the check at another size read the example's size off the graph)
     assert written[fmt].fixed_because is None, written[fmt].fixed_because
-    sizes = SIZES
+    assert written[fmt].batch_fixed_because is None, written[fmt].batch_fixed_because
     generator = torch.Generator().manual_seed(1)
-    for size in sizes:
-        images = torch.rand(1, 3, *size, generator=generator) * 255
+    for batch, size in [(1, SIZES[0]), (1, SIZES[1]), (1, SIZES[2]), (3, SIZES[1])]:
+        images = torch.rand(batch, 3, *size, generator=generator) * 255
         got = outputs_of(fmt, folder / f"{task}.{fmt}", images)
         for mine, reference in zip(got, eager(task, model, images), strict=True):
-            assert mine.shape == reference.shape, size
-            np.testing.assert_allclose(mine, reference, atol=1e-4, rtol=0, err_msg=f"{task} {fmt} at {size}")
+            assert mine.shape == reference.shape, (batch, size)
+            np.testing.assert_allclose(mine, reference, atol=1e-4, rtol=0, err_msg=f"{task} {fmt}: {batch} at {size}")
+
+
+class ImageByImage(torch.nn.Module):
+    """A classifier whose graph runs its images one by one (a Python loop over the batch)."""
+
+    export_names = ("probs",)
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model, self.backbone = model, model.backbone
+
+    def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.cat([self.model(image[None]) for image in images]).softmax(-1),)
+
+
+def test_a_batch_that_cannot_stay_symbolic_is_fixed_to_one_with_the_reason(exported):
+    """A loop over the images needs their number: torch.export refuses the dynamic batch, and
+    the graph is traced on one image, with the reason said (the sizes, fixed by choice here,
+    keep theirs)."""
+    wrapper = exportable(ImageByImage(exported["cls"][0]), MEAN, STD)
+    traced = trace(wrapper, 32, 32, dynamic=False)
+    assert traced.fixed_because == "--no-dynamic"
+    assert traced.batch_fixed_because.startswith("torch.export cannot keep the batch symbolic through this model (")
+    assert "batch" in traced.batch_fixed_because[60:]  # torch's words on the dimension it specialised
+    said = describe(traced, ["probs"]) + dynamic_lines(traced)
+    assert said[0].startswith("  input  images [1, 3, 32, 32]") and said[1] == "  output probs [1, 3]"
+    assert said[-1].startswith("  the batch is FIXED to 1 image (a dynamic batch failed: torch.export cannot keep")
 
 
 def test_the_command_exports_a_checkpoint(trained, tmp_path, capsys):
     _, ckpt = trained["cls"]
     main(["export", f"--ckpt_path={ckpt}", "--format=onnx", f"--output={tmp_path / 'cls.onnx'}", "--height=48"])
     said = capsys.readouterr().out
-    assert "images [1, 3, height, width]" in said and "dynamic" in said
+    assert "images [batch, 3, height, width]" in said and "output probs [batch, 4]" in said
+    assert "height and width are dynamic" in said and "the batch is dynamic" in said
     session = ort.InferenceSession(str(tmp_path / "cls.onnx"), providers=["CPUExecutionProvider"])
-    (probs,) = session.run(None, {"images": np.full((1, 3, 32, 80), 128, np.float32)})
-    assert probs.shape == (1, 4) and abs(probs.sum() - 1) < 1e-5
+    (probs,) = session.run(None, {"images": np.full((2, 3, 32, 80), 128, np.float32)})
+    assert probs.shape == (2, 4) and np.abs(probs.sum(-1) - 1).max() < 1e-5
 
 
 def test_a_bad_format_is_one_line(trained, capsys):

@@ -49,7 +49,7 @@ class ImageClassifier(nn.Module):
     export_names: ClassVar[tuple[str, ...]] = ("probs",)
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """What an exported graph returns for normalised images [1, 3, H, W]: probs [1, K]
+        """What an exported graph returns for normalised images [B, 3, H, W]: probs [B, K]
         (softmax). Every model of this module declares its own (`vitdense.export`)."""
         return (self(images).softmax(-1),)
 
@@ -98,7 +98,7 @@ class LinearProbe(nn.Module):
     export_names: ClassVar[tuple[str, ...]] = ("probs",)
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """probs [1, K] of the head that validated best (`best_head`, picked by a tensor op:
+        """probs [B, K] of the head that validated best (`best_head`, picked by a tensor op:
         its value is data to torch.export, which cannot branch on it)."""
         return (self(images).index_select(0, self.best_head.view(1))[0].softmax(-1),)
 
@@ -138,17 +138,25 @@ class Segmenter(nn.Module):
         # (CPU, measured), so it is upsampled as NCHW and copied once by the loss.
         masks = self.head(self.backbone(images, image_sizes)).float()
         masks = masks.contiguous(memory_format=torch.channels_last if len(masks) > 1 else torch.contiguous_format)
+        return self.upsample(masks, images.shape[-2:])
+
+    def upsample(self, masks: torch.Tensor, size: Sequence[int]) -> torch.Tensor:
+        """Patch-level logits [B, K, h, w] -> pixel logits [B, K, H, W] (`size`): bilinear to
+        the padded grid's pixels, then cropped."""
         ph, pw = self.backbone.patch_size
         h, w = masks.shape[-2:]
         logits = F.interpolate(masks, size=(h * ph, w * pw), mode="bilinear", align_corners=False)
-        return logits[..., : images.shape[-2], : images.shape[-1]]
+        return logits[..., : size[0], : size[1]]
 
     export_names: ClassVar[tuple[str, ...]] = ("logits",)
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Pixel logits [1, K, H, W] of the whole input (the sliding windows of `segment` are
-        the caller's loop)."""
-        return (self(images),)
+        """Pixel logits [B, K, H, W] of the whole input (the sliding windows of `segment` are
+        the caller's loop). `forward`'s memory-format choice is left out: it branches on
+        the batch, which would fix an exported graph's batch to its example's (the values
+        are the same in either format)."""
+        masks = self.head(self.backbone(images)).float()
+        return (self.upsample(masks, images.shape[-2:]),)
 
     @torch.no_grad()
     def segment(
@@ -297,10 +305,10 @@ class DETRDetector(nn.Module):
     export_names: ClassVar[tuple[str, ...]] = ("boxes", "scores", "labels")
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """boxes [1, N, 4] (x1, y1, x2, y2) pixels of the input, scores [1, N], labels [1, N],
+        """boxes [B, N, 4] (x1, y1, x2, y2) pixels of the input, scores [B, N], labels [B, N],
         best first: `postprocess` as tensor operations, for the graph."""
         output = self(images)
-        probs = output.class_probs()  # [1, Q, K]
+        probs = output.class_probs()  # [B, Q, K]
         _, q, k = probs.shape
         if self.selection == "per_query":
             best, classes = probs.max(-1)
@@ -462,8 +470,8 @@ class EoMT(nn.Module):
     export_names: ClassVar[tuple[str, ...]] = ("class_probs", "mask_logits")
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Class probabilities [1, Q, K + 1] (softmax, the last "no object") and mask logits
-        [1, Q, H, W] at the input's pixels: what semantic, instance and panoptic
+        """Class probabilities [B, Q, K + 1] (softmax, the last "no object") and mask logits
+        [B, Q, H, W] at the input's pixels: what semantic, instance and panoptic
         post-processing (`vitdense.mask_inference`) start from."""
         output = self(images)
         h, w = images.shape[-2:]
@@ -572,7 +580,7 @@ class DPT(nn.Module):
         return out
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """depth [1, 1, H, W] in metres at the input's pixels (`export_names` "depth"), or a
+        """depth [B, 1, H, W] in metres at the input's pixels (`export_names` "depth"), or a
         relative model's inverse depth (`"inverse_depth"`)."""
         raw = self(images)
         return (raw if self.relative else self.depth(raw),)

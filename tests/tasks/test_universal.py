@@ -256,8 +256,9 @@ def test_export_gives_the_eager_class_probabilities_and_masks(fitted, tmp_path):
     _, ckpt, _ = fitted
     path, traced, outputs = export_checkpoint(ckpt, "onnx", tmp_path / "eomt.onnx")
     assert outputs == ["class_probs", "mask_logits"]
+    assert traced.fixed_because is None and traced.batch_fixed_because is None
     model = vitdense.load_model(ckpt).eval()
-    raw = torch.rand(1, 3, 40, 24) * 255
+    raw = torch.rand(2, 3, 40, 24) * 255  # two images: the batch is dynamic too
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     probs, masks = session.run(None, {"images": raw.numpy()})
     predictor = vitdense.load(ckpt)

@@ -118,10 +118,10 @@ class HybridEmbed(nn.Module):
         """
         reductions = [self._stage_info(i)["reduction"] for i in stages]
         if image_sizes is not None and (
-            len(image_sizes.sizes) != x.shape[0] or tuple(image_sizes.padded) != tuple(x.shape[-2:])
+            image_sizes.batch != x.shape[0] or tuple(image_sizes.padded) != tuple(x.shape[-2:])
         ):
             raise ValueError(
-                f"image_sizes describe {len(image_sizes.sizes)} images padded to {tuple(image_sizes.padded)}, "
+                f"image_sizes describe {image_sizes.batch} images padded to {tuple(image_sizes.padded)}, "
                 f"but the batch is {x.shape[0]} images of {x.shape[-2]} x {x.shape[-1]}"
             )
         if image_sizes is None or not image_sizes.has_padding:

@@ -377,9 +377,9 @@ class VisionTransformer(nn.Module):
         b, _, height, width = x.shape
         if image_sizes is None:
             image_sizes = ImageSizes.full(b, (height, width))
-        elif len(image_sizes.sizes) != b or tuple(image_sizes.padded) != (height, width):
+        elif image_sizes.batch != b or tuple(image_sizes.padded) != (height, width):
             raise ValueError(
-                f"image_sizes describe {len(image_sizes.sizes)} images padded to {tuple(image_sizes.padded)}, "
+                f"image_sizes describe {image_sizes.batch} images padded to {tuple(image_sizes.padded)}, "
                 f"but the batch is {b} images of {height} x {width}"
             )
         return self.patch_embed(x, image_sizes), image_sizes.at_stride(self.patch_size)

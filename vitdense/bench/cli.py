@@ -36,9 +36,14 @@ def main(argv: list[str] | None = None) -> None:
     bb.add_argument("--warmup", type=int, default=2)
     bb.add_argument("--gemm-size", type=int, default=2048, help="side of the square GEMM whose rate is the peak")
     bb.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ex = sub.add_parser("export", help="eager vs onnxruntime latency of each task's exported graph, batch 1")
+    ex = sub.add_parser("export", help="eager vs onnxruntime latency of each task's exported graph")
     ex.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
     ex.add_argument("--img-size", type=int, default=224)
+    ex.add_argument("--batch-size", type=int, default=1, help="images per run (ms are per batch)")
+    ex.add_argument(
+        "--no-dynamic-batch", dest="dynamic_batch", action="store_false",
+        help="export the graph with its batch fixed to 1 (as `export --no-dynamic-batch`), e.g. to compare",
+    )  # fmt: skip
     ex.add_argument("--depth", type=int, default=None, help="blocks of the encoder (default: the model's)")
     ex.add_argument("--tasks", nargs="+", default=["classification", "segmentation", "detection"])
     ex.add_argument("--iters", type=int, default=10, help="timed rounds per runtime")
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
     elif args.command == "export":
+        if not args.dynamic_batch and args.batch_size != 1:
+            parser.error(f"export --no-dynamic-batch --batch-size {args.batch_size}: a batch-1 graph runs 1 image")
         print_export(args, bench_export(args))
     elif args.command == "det-heads":
         print_det_heads(args, bench_det_heads(args))

@@ -14,8 +14,10 @@ from vitdense.bench.common import cpu_kind, time_call
 
 
 def bench_export(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
-    """Median ms per image, batch 1, of the eager export wrapper (fp32, inference mode) and of
-    onnxruntime on the ONNX file `python -m vitdense export` writes, alternating, per task."""
+    """Median ms per batch of `args.batch_size` images of the eager export wrapper (fp32,
+    inference mode) and of onnxruntime on the ONNX file `python -m vitdense export` writes
+    (height and width fixed to `args.img_size`; the batch dynamic as the command writes it,
+    or fixed to 1 with `--no-dynamic-batch`), alternating, per task."""
     import onnxruntime
 
     from vitdense.export import exportable, save, trace
@@ -38,9 +40,10 @@ def bench_export(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
             wrapper = exportable(task.model.eval(), [0.5] * 3, [0.5] * 3)
             outputs = ["boxes", "scores", "labels"] if name == "detection" else ["out"]
             path = Path(folder) / f"{name}.onnx"
-            save(trace(wrapper, args.img_size, args.img_size, dynamic=False), wrapper, path, "onnx", outputs)
+            traced = trace(wrapper, args.img_size, args.img_size, dynamic=False, dynamic_batch=args.dynamic_batch)
+            save(traced, wrapper, path, "onnx", outputs)
             session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            images = torch.rand(1, 3, args.img_size, args.img_size) * 255
+            images = torch.rand(args.batch_size, 3, args.img_size, args.img_size) * 255
             feed = {"images": images.numpy()}
             times: dict[str, list[float]] = {"eager": [], "onnxruntime": []}
             with torch.inference_mode():
@@ -55,9 +58,10 @@ def bench_export(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
 
 
 def print_export(args: argparse.Namespace, results: dict[str, tuple[float, float]]) -> None:
+    graph = "a dynamic-batch graph" if args.dynamic_batch else "a batch-1 graph"
     print(
-        f"{args.model} at {args.img_size} x {args.img_size}, batch 1, fp32 on {cpu_kind()} ({torch.get_num_threads()} "
-        f"threads, torch {torch.__version__}), median ms of {args.iters} alternating rounds"
+        f"{args.model} at {args.img_size} x {args.img_size}, batch {args.batch_size} ({graph}), fp32 on {cpu_kind()} "
+        f"({torch.get_num_threads()} threads, torch {torch.__version__}), median ms of {args.iters} alternating rounds"
     )
     print(f"{'':16}{'eager ms':>12}{'onnxruntime ms':>16}{'eager / ort':>14}")
     for name, (eager, ort) in results.items():

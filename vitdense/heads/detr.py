@@ -69,7 +69,7 @@ def sine_position_embedding(
         interleaving sin and cos of the position over geometric frequencies.
     """
     h, w = image_sizes.grid
-    extent = torch.tensor(image_sizes.grids, dtype=torch.float32, device=device)  # [B, 2]
+    extent = image_sizes.grids_tensor(torch.float32, device)  # [B, 2]
     eps = 1e-6
     rows = torch.arange(1, h + 1, dtype=torch.float32, device=device)[None, :].minimum(extent[:, :1])  # [B, h]
     cols = torch.arange(1, w + 1, dtype=torch.float32, device=device)[None, :].minimum(extent[:, 1:])  # [B, w]
@@ -82,6 +82,44 @@ def sine_position_embedding(
     pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
     pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
     return torch.cat((pos_y, pos_x), dim=3).flatten(1, 2)
+
+
+def exported_attention(
+    attn: nn.MultiheadAttention,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_padding_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What `attn` (batch_first, in evaluation) returns for query [B, Q, d], key and value
+    [B, N, d], computed batch-first: the graph `torch.export` traces with a symbolic batch.
+
+    `nn.MultiheadAttention` projects its inputs sequence-first, folding [N, B, d] to
+    [N * B, d]; with N and B both symbolic (the memory of a dynamic-size, dynamic-batch
+    export) that reshape is decided by a guard true for B > 1 only, which the `.pt2` keeps:
+    the saved program then refuses a batch of 1 ("Guard failed: ... % (images.size()[0] *
+    ...) != 0"). The same weights and masks here: key_padding_mask [B, N] bool (True: not
+    a key), attn_mask [Q, N] bool (True: may not look) or float [B * heads, Q, N] (added)."""
+    b, q, d = query.shape
+    heads = attn.num_heads
+    w_q, w_k, w_v = attn.in_proj_weight.chunk(3)
+    b_q, b_k, b_v = attn.in_proj_bias.chunk(3) if attn.in_proj_bias is not None else (None,) * 3
+
+    def split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, weight, bias).unflatten(-1, (heads, d // heads)).transpose(1, 2)  # [B, heads, L, d/heads]
+
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask if attn_mask.is_floating_point() else torch.zeros_like(attn_mask, dtype=query.dtype)
+        if not attn_mask.is_floating_point():
+            mask = mask.masked_fill(attn_mask, float("-inf"))
+        mask = mask.unflatten(0, (b, heads)) if mask.dim() == 3 else mask
+    if key_padding_mask is not None:
+        padding = torch.zeros_like(key_padding_mask, dtype=query.dtype).masked_fill(key_padding_mask, float("-inf"))
+        mask = padding[:, None, None] if mask is None else mask + padding[:, None, None]
+    out = F.scaled_dot_product_attention(split(query, w_q, b_q), split(key, w_k, b_k), split(value, w_v, b_v), mask)
+    return attn.out_proj(out.transpose(1, 2).flatten(2))
 
 
 def inverse_sigmoid(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -150,7 +188,7 @@ class BoxRelativePositionBias(nn.Module):
         b, q, _ = boxes.shape
         h, w = image_sizes.grid
         x1y1x2y2 = torch.cat([boxes[..., :2] - boxes[..., 2:] / 2, boxes[..., :2] + boxes[..., 2:] / 2], -1)
-        rows, cols = torch.tensor(image_sizes.grids, device=boxes.device, dtype=boxes.dtype).unbind(1)  # [B]
+        rows, cols = image_sizes.grids_tensor(boxes.dtype, boxes.device).unbind(1)  # [B]
         ys = torch.arange(h, device=boxes.device, dtype=boxes.dtype) + 0.5  # token centres in tokens
         xs = torch.arange(w, device=boxes.device, dtype=boxes.dtype) + 0.5
         if self.mode == "pixels":
@@ -207,7 +245,10 @@ class DETREncoderLayer(nn.Module):
         q = k = src + pos
         # need_weights=True takes nn.MultiheadAttention's explicit path, False the fused kernel
         explicit = not fused_attention(src, self.self_attn.dropout if self.training else 0.0)
-        attn = self.self_attn(q, k, src, key_padding_mask=padding, need_weights=explicit)[0]
+        if torch.compiler.is_exporting():  # (see exported_attention: the memory's length is symbolic)
+            attn = exported_attention(self.self_attn, q, k, src, padding)
+        else:
+            attn = self.self_attn(q, k, src, key_padding_mask=padding, need_weights=explicit)[0]
         src = self.norm1(src + self.dropout(attn))
         ffn = self.linear2(self.dropout(F.relu(self.linear1(src))))
         return self.norm2(src + self.dropout(ffn))
@@ -250,14 +291,17 @@ class DETRDecoderLayer(nn.Module):
                 padding.repeat_interleave(cross_attn_bias.shape[0] // tgt.shape[0], 0)[:, None, :], float("-inf")
             )
             padding = None
-        attn = self.cross_attn(
-            tgt + query_pos,
-            memory + pos,
-            memory,
-            key_padding_mask=padding,
-            attn_mask=cross_attn_bias,
-            need_weights=explicit,
-        )[0]
+        if torch.compiler.is_exporting():  # (see exported_attention: the memory's length is symbolic)
+            attn = exported_attention(self.cross_attn, tgt + query_pos, memory + pos, memory, padding, cross_attn_bias)
+        else:
+            attn = self.cross_attn(
+                tgt + query_pos,
+                memory + pos,
+                memory,
+                key_padding_mask=padding,
+                attn_mask=cross_attn_bias,
+                need_weights=explicit,
+            )[0]
         tgt = self.norm2(tgt + self.dropout(attn))
         return self.feed_forward(tgt)
 

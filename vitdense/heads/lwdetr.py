@@ -87,7 +87,7 @@ def token_proposals(levels: FlatLevels, base_size: float = 0.05) -> tuple[torch.
     boxes, valid = [], []
     device = levels.memory.device
     for level, ((h, w), sizes) in enumerate(zip(levels.spatial_shapes, levels.image_sizes, strict=True)):
-        extent = torch.tensor(sizes.grids, dtype=torch.float32, device=device)  # [B, 2] (rows, cols)
+        extent = sizes.grids_tensor(torch.float32, device)  # [B, 2] (rows, cols)
         ys = (torch.arange(h, dtype=torch.float32, device=device) + 0.5)[None, :, None] / extent[:, 0, None, None]
         xs = (torch.arange(w, dtype=torch.float32, device=device) + 0.5)[None, None, :] / extent[:, 1, None, None]
         cx, cy = torch.broadcast_tensors(xs, ys)  # [B, h, w]
@@ -236,7 +236,9 @@ class LWDETRDecoderLayer(DETRDecoderLayer):
             # the groups do not see each other: run them as G batches of Q queries (RF-DETR)
             q, k, v = (torch.cat(x.chunk(num_groups, 1), 0) for x in (q, k, tgt))
             attn = self.self_attn(q, k, v, need_weights=False)[0]
-            attn = torch.cat(attn.split(b, 0), 1)
+            # [G*B, Q, d] -> [B, G*Q, d]; unflatten, not split(b): a split's count (G*B / B) is
+            # a guard that fixes an exported graph's batch to its example's
+            attn = attn.unflatten(0, (num_groups, b)).transpose(0, 1).flatten(1, 2)
         tgt = self.norm1(tgt + self.dropout(attn))
         attn = self.cross_attn(tgt + query_pos, reference_points, levels.memory, levels.spatial_shapes, levels.padding)
         return self.feed_forward(self.norm2(tgt + self.dropout(attn)))
