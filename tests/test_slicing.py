@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from torchvision.ops import clip_boxes_to_image
+from torchvision.ops import box_iou, clip_boxes_to_image
 
 import vitdense
 from vitdense.errors import ConfigError
@@ -163,30 +163,34 @@ def test_bad_options_are_named(options, message):
 
 @pytest.fixture(scope="module")
 def det(trained):
-    """The detection demo's one-step checkpoint (trained at 32 pixels) and an image of 48 x 64."""
+    """The detection demo's one-step checkpoint (trained at 32 pixels), an image of 48 x 64,
+    and the checkpoint's sliced predictor."""
     image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
-    return trained["det"][1], image
+    return trained["det"][1], image, vitdense.load(trained["det"][1], slicing=SLICING)
 
 
 #: tiles of the demo's training size; every prediction kept, so that the merge has work to do
 SLICING = Slicing(slice_height=32, overlap_height_ratio=0.25, confidence_threshold=0.0, batch_size=3)
 
 
-def test_a_sliced_prediction_is_its_tiles_merged_in_the_images_frame(det):
+def test_a_sliced_prediction_is_its_tiles_merged_in_the_images_frame(det, monkeypatch):
     """Sliced = each tile (and the whole image) predicted alone as an image of its own,
-    shifted by its place in the image and merged; the tiles run in batches of batch_size."""
-    ckpt, image = det
-    predictor = vitdense.load(ckpt, slicing=SLICING)
-    task = predictor.task
+    clipped to the tile, shifted by its place in the image and merged; the tiles run in
+    batches of batch_size."""
+    _, image, predictor = det
     calls = []
-    step = task.predict_step
-    task.predict_step = lambda batch, i: calls.append(len(batch.index)) or step(batch, i)
+    step = predictor.task.predict_step
+    monkeypatch.setattr(
+        predictor.task, "predict_step", lambda batch, i: calls.append(len(batch.index)) or step(batch, i)
+    )
     sliced = predictor(image)
-    task.predict_step = step
     tiles = slice_boxes(48, 64, 32, 32, 0.25, 0.25).tolist()  # 6 tiles + the whole image
     assert calls == [1, 3, 3, 1]  # the image, then its 7 crops 3 at a time
     predictor.slicing = None
-    alone = predictor([image[y1:y2, x1:x2] for x1, y1, x2, y2 in tiles] + [image])
+    try:
+        alone = predictor([image[y1:y2, x1:x2] for x1, y1, x2, y2 in tiles] + [image])
+    finally:
+        predictor.slicing = SLICING
     shifts = [[x1, y1, x1, y1] for x1, y1, *_ in tiles] + [[0, 0, 0, 0]]
     # (each tile's boxes clipped to the tile, as SAHI's model wrappers clip them)
     boxes = [clip_boxes_to_image(torch.from_numpy(r.boxes), r.size) for r in alone]
@@ -202,15 +206,17 @@ def test_a_sliced_prediction_is_its_tiles_merged_in_the_images_frame(det):
 
 
 def test_predict_and_serve_slice_as_the_predictor_does(det, tmp_path, monkeypatch):
-    """`predict --slicing.*` writes, and `serve --slice_height ...` answers, the sliced predictor's boxes."""
+    """`predict --slicing.*` writes the sliced predictor's boxes; `serve --slice_height ...`
+    gives each worker's predictor that slicing."""
     import litserve
     from PIL import Image
 
     from vitdense import serve
     from vitdense.cli import main
+    from vitdense.predictor import Predictor
 
-    ckpt, image = det
-    expected = vitdense.load(ckpt, slicing=SLICING)(image)
+    ckpt, image, predictor = det
+    expected = predictor(image)
     photos = tmp_path / "photos"
     photos.mkdir()
     Image.fromarray(image).save(photos / "large.png")
@@ -227,33 +233,23 @@ def test_predict_and_serve_slice_as_the_predictor_does(det, tmp_path, monkeypatc
             [b[0], b[1], b[2] - b[0], b[3] - b[1]], abs=1e-3
         )
 
-    ran = {}
+    ran, loaded = {}, {}
     monkeypatch.setattr(litserve.LitServer, "run", lambda self, **kwargs: ran.update(server=self))
+    monkeypatch.setattr(Predictor, "from_checkpoint", lambda path, **kwargs: loaded.update(kwargs))
     monkeypatch.delenv("LIT_SERVER_API_KEY", raising=False)
-    serve.main([f"--ckpt_path={ckpt}", "--slice_height=32", "--overlap_height_ratio=0.25", "--confidence_threshold=0"])
-    api = ran["server"].lit_api
-    api.setup("cpu")
-    answered = api.predict([image])[0]
-    np.testing.assert_allclose(answered.boxes, expected.boxes, atol=1e-4)
+    options = ["--slice_height=32", "--overlap_height_ratio=0.25", "--confidence_threshold=0", "--slice_batch_size=3"]
+    serve.main([f"--ckpt_path={ckpt}", *options])
+    ran["server"].lit_api.setup("cpu")  # (what each worker does)
+    assert loaded["slicing"] == SLICING
 
 
-def test_a_task_without_objects_is_refused(trained, tmp_path):
+def test_a_task_without_objects_is_refused(trained):
     from vitdense import serve
-    from vitdense.cli import main
 
     with pytest.raises(ConfigError, match="sliced inference merges the boxes of detection"):
         vitdense.load(trained["seg"][1], slicing=Slicing(slice_height=32))
     with pytest.raises(ConfigError, match="ClassificationTask predicts ClassificationResult, not objects"):
         serve.main([f"--ckpt_path={trained['cls'][1]}", "--slice_height=32"])
-    with pytest.raises(SystemExit):  # (the CLI's one line)
-        main(
-            [
-                "predict",
-                f"--ckpt_path={trained['seg'][1]}",
-                f"--data.predict_dir={tmp_path}",
-                "--slicing.slice_height=32",
-            ]
-        )
 
 
 def test_sliced_images_batch_themselves(det):
@@ -261,7 +257,21 @@ def test_sliced_images_batch_themselves(det):
     from vitdense.data.collate import pad_collate
     from vitdense.slicing import SlicedImage
 
-    _, image = det
+    _, image, _ = det
     batch = pad_collate([SlicedImage(image, 3, None, SLICING), SlicedImage(image[:20], 4, None, SLICING)])
     assert isinstance(batch, SlicedImages) and batch.index.tolist() == [3, 4]
     assert batch.orig_sizes == [(48, 64), (20, 64)] and math.prod(batch.images[1].pixels.shape) == 20 * 64 * 3
+
+
+def test_the_bench_scenes_hold_what_they_say_and_score_their_own_truth_perfectly():
+    """12-24 px objects apart from each other; their own boxes as detections score AP 1
+    through pycocotools (the scoring path of `python -m vitdense.bench sliced`)."""
+    from vitdense.bench.sliced import coco_scores, small_object_scene
+
+    scene = small_object_scene(256, 12, 3, np.random.default_rng(0))
+    sides = np.maximum(scene.boxes[:, 2] - scene.boxes[:, 0], scene.boxes[:, 3] - scene.boxes[:, 1])
+    assert len(scene.boxes) == 12 and sides.min() >= 12 and sides.max() <= 24
+    iou = box_iou(torch.from_numpy(scene.boxes), torch.from_numpy(scene.boxes)).fill_diagonal_(0)
+    assert iou.max() == 0 and set(scene.labels.tolist()) <= {0, 1, 2}
+    truth = (scene.boxes, np.ones(12, dtype=np.float32), scene.labels)
+    assert coco_scores([scene], [truth]) == {"AP": 1.0, "AP50": 1.0, "AR_small": 1.0}

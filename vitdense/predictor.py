@@ -46,7 +46,7 @@ from vitdense.errors import ConfigError, DataError
 from vitdense.precision import resolve_precision
 from vitdense.preprocess import InferenceData
 from vitdense.results import Result, ResultContext
-from vitdense.slicing import SlicedImage, Slicing, check_sliceable
+from vitdense.slicing import SlicedImage, Slicing, check_checkpoint_sliceable, check_sliceable
 
 #: what a predictor takes as one image
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -203,6 +203,8 @@ class Predictor:
         """The predictor of a vitdense training checkpoint (`python -m vitdense fit`, or a
         task fitted from Python): its task, weights, preprocessing and class names."""
         found = Checkpoint(path)
+        if slicing is not None:  # (a task without objects: refused before its weights load)
+            check_checkpoint_sliceable(found)
         task = found.restore("cpu")
         data = inference_data(found)
         batch_size = batch_size or eval_batch_size(found)

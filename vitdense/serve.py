@@ -45,7 +45,13 @@ from starlette.responses import JSONResponse
 
 from vitdense.data.images import ImageTooLarge, decode_image_bytes
 from vitdense.errors import ConfigError, DataError
-from vitdense.slicing import Slicing, add_slicing_arguments, check_sliceable, slicing_from_args
+from vitdense.slicing import (
+    Slicing,
+    add_slicing_arguments,
+    check_checkpoint_sliceable,
+    check_sliceable,
+    slicing_from_args,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -423,9 +429,9 @@ def main(argv: list[str] | None = None) -> None:
     found = Checkpoint(args.ckpt_path)  # a bad path or file: one line now, not in a worker later
     inference_data(found)
     if slicing is not None:  # a task without objects: refused before the server starts
-        task_class = found.task_type()
-        # (a result type that depends on the task's settings, e.g. universal segmentation's: ask the task)
-        check_sliceable(found.restore("cpu") if isinstance(task_class.result_type, property) else task_class)
+        check_checkpoint_sliceable(found)
+        if isinstance(found.task_type().result_type, property):  # (its settings decide: ask the task)
+            check_sliceable(found.restore("cpu"))
     devices = args.devices if args.devices == "auto" else int(args.devices)
     api = PredictorAPI(
         found.path,

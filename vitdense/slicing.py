@@ -384,6 +384,15 @@ def check_sliceable(task: Any) -> None:
         )
 
 
+def check_checkpoint_sliceable(found: Any) -> None:
+    """`check_sliceable` from a checkpoint (`vitdense.checkpoint.Checkpoint`) without restoring
+    its weights, when its task class declares its result type (a task whose result type
+    depends on its settings, e.g. universal segmentation's, is checked once restored)."""
+    task_class = found.task_type()
+    if not isinstance(getattr(task_class, "result_type", None), property):
+        check_sliceable(task_class)
+
+
 @torch.no_grad()
 def predict_sliced(task: Any, batch: SlicedImages) -> Detections | InstancePrediction:
     """The task's prediction of each image of `batch`, made from its tiles (and the whole
@@ -398,28 +407,42 @@ def predict_sliced(task: Any, batch: SlicedImages) -> Detections | InstancePredi
 
 def _predict_one(task: Any, image: SlicedImage) -> tuple[torch.Tensor, ...] | InstanceMasks:
     """One image's merged prediction: (boxes, scores, labels) or `InstanceMasks`."""
+    return merge_tiles(predict_tiles(task, image), image.pixels.shape[:2], image.slicing)
+
+
+def predict_tiles(task: Any, image: SlicedImage) -> list[tuple[Any, list[int]]]:
+    """What the task finds in each tile of `image` (and in the whole image, last, when
+    `perform_standard_pred`): [(its prediction of the tile as an image of its own, (x, y,
+    width, height) of the tile)], the tiles run `slicing.batch_size` at a time."""
     from vitdense.data.collate import pad_collate
 
     s = image.slicing
     height, width = image.pixels.shape[:2]
     windows = slice_boxes(height, width, *s.tile, *s.overlap)
     crops = [image.pixels[y1:y2, x1:x2] for x1, y1, x2, y2 in windows.tolist()]
-    offsets = [[x1, y1, x2 - x1, y2 - y1] for x1, y1, x2, y2 in windows.tolist()]  # (x, y, width, height)
+    places = [[x1, y1, x2 - x1, y2 - y1] for x1, y1, x2, y2 in windows.tolist()]
     if len(windows) > 1 and s.perform_standard_pred:
         crops.append(image.pixels)
-        offsets.append([0, 0, width, height])
-    parts = []  # per tile: its prediction of its one image, and where it sits
+        places.append([0, 0, width, height])
+    parts = []
     for start in range(0, len(crops), s.batch_size):
         chunk = crops[start : start + s.batch_size]
         tiles = pad_collate([image.to_sample(np.ascontiguousarray(c), j) for j, c in enumerate(chunk)])
         tiles = task.transfer_batch_to_device(tiles, task.device, 0)
         out = task.predict_step(tiles, 0)
-        for j in range(len(chunk)):
-            parts.append((_one(out, j), offsets[start + j]))
-    if isinstance(parts[0][0], InstanceMasks):
-        return _merge_instances(parts, (height, width), s)
-    boxes, scores, labels = _gather_boxes(parts, s.confidence_threshold)
-    merged = merge_boxes(boxes, scores, labels, s)
+        parts += [(_one(out, j), places[start + j]) for j in range(len(chunk))]
+    return parts
+
+
+def merge_tiles(
+    parts: list[tuple[Any, list[int]]], size: tuple[int, int], slicing: Slicing
+) -> tuple[torch.Tensor, ...] | InstanceMasks:
+    """`predict_tiles`' parts as one prediction of the image of `size` (H, W): (boxes [k, 4],
+    scores [k], labels [k]) or `InstanceMasks`, merged as `slicing` says."""
+    if parts and isinstance(parts[0][0], InstanceMasks):
+        return _merge_instances(parts, size, slicing)
+    boxes, scores, labels = _gather_boxes(parts, slicing.confidence_threshold)
+    merged = merge_boxes(boxes, scores, labels, slicing)
     return merged.boxes, merged.scores, merged.labels
 
 
