@@ -275,3 +275,28 @@ def test_the_bench_scenes_hold_what_they_say_and_score_their_own_truth_perfectly
     assert iou.max() == 0 and set(scene.labels.tolist()) <= {0, 1, 2}
     truth = (scene.boxes, np.ones(12, dtype=np.float32), scene.labels)
     assert coco_scores([scene], [truth]) == {"AP": 1.0, "AP50": 1.0, "AR_small": 1.0}
+
+
+def test_instance_segmentation_slices_and_panoptic_is_refused():
+    """An EoMT task asked for instances predicts in tiles (masks at the image's size, best
+    first); asked for panoptic segments, it is refused."""
+    from functools import partial
+
+    from vitdense.heads.eomt import EoMTHead
+    from vitdense.mask_results import InstanceResult
+    from vitdense.predictor import Predictor
+    from vitdense.preprocess import InferenceData, Preprocess
+    from vitdense.tasks import BackboneConfig
+    from vitdense.tasks.universal import UniversalSegmentationTask
+
+    backbone = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1})
+    head = partial(EoMTHead, num_queries=4, num_blocks=1)
+    task = UniversalSegmentationTask(3, is_thing=[True, True, False], head=head, backbone=backbone)
+    data = InferenceData(Preprocess("short_side", 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), max_size=32))
+    with pytest.raises(ConfigError, match="UniversalSegmentationTask predicts PanopticResult, not objects"):
+        Predictor(task, data, slicing=Slicing(slice_height=32))
+    task.segmentation = "instance"
+    image = np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    found = Predictor(task, data, slicing=Slicing(slice_height=32, confidence_threshold=0.0))(image)
+    assert isinstance(found, InstanceResult) and found.masks.shape[1:] == (40, 56) and len(found) > 0
+    assert (found.scores[:-1] >= found.scores[1:]).all()
