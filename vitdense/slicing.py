@@ -70,7 +70,9 @@ class Slicing:
         postprocess_match_threshold: overlap from which two predictions are one.
         postprocess_class_agnostic: merge across classes (False: per class).
         confidence_threshold: predictions of a tile (and of the whole image) scoring below it
-            are dropped before the merge.
+            are dropped before the merge, whose overlap matrix is N x N per class in the N
+            predictions kept (SAHI has a sparse backend for very many; vitdense does not: with
+            thousands of tiles, keep this threshold above 0).
         batch_size: tiles run through the model at once.
     """
 
