@@ -3,7 +3,9 @@
 `vitdense.load("run.ckpt")` returns a trained checkpoint's predictor: call it on image
 files, PIL images, arrays or tensors and get typed results (`vitdense.predictor`).
 `vitdense.load_model("run.ckpt")` returns its plain model (`vitdense.models`), a module
-to call on normalised image tensors, script or export.
+to call on normalised image tensors, script or export. `vitdense.Slicing(...)` predicts
+large images in tiles (`vitdense.slicing`, SAHI's sliced inference):
+`vitdense.load("det.ckpt", slicing=vitdense.Slicing(slice_height=512))`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["load", "load_model"]
+__all__ = ["Slicing", "load", "load_model"]
 
 
 def __getattr__(name: str) -> Any:
@@ -24,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from vitdense.checkpoint import load_model
 
         return load_model
+    if name == "Slicing":
+        from vitdense.slicing import Slicing
+
+        return Slicing
     raise AttributeError(f"module 'vitdense' has no attribute {name!r}")

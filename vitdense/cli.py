@@ -24,7 +24,7 @@ import sys
 import warnings
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
 import yaml
@@ -34,6 +34,7 @@ from vitdense.checkpoint import Checkpoint, load_checkpoint, locate
 from vitdense.cli_help import DESCRIPTION, HELP_ARGS, PROG, print_top_level_help
 from vitdense.data.base import loader_key_hint
 from vitdense.errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from vitdense.slicing import Slicing, check_sliceable
 from vitdense.tasks import BaseTask
 from vitdense.trainer import Trainer
 
@@ -113,6 +114,15 @@ class VitDenseCLI(LightningCLI):
         # options went before the command
         for name, subcommand_parser in getattr(self, "_subcommand_parsers", {}).items():
             subcommand_parser.prog = f"{PROG} {name}"
+        predict = getattr(self, "_subcommand_parsers", {}).get("predict")
+        if predict is not None:
+            predict.add_argument(
+                "--slicing",
+                type=Optional[Slicing],  # noqa: UP045 (jsonargparse reads the typing form)
+                default=None,
+                help="predict predict_dir's images in overlapping tiles merged as SAHI merges them (detection, "
+                "instance segmentation; vitdense.slicing), e.g. --slicing.slice_height 512",
+            )
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("model.init_args.backbone.name", "data.init_args.backbone", apply_on="parse")
@@ -252,10 +262,22 @@ class VitDenseCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
+            self._set_up_slicing()
         except Exception as err:
             if (user_error := _user_error(err)) is None:
                 raise
             _exit_with(user_error)
+
+    def _set_up_slicing(self) -> None:
+        """`predict --slicing.*`: the folder's images predicted in tiles (refused now, before any
+        image is read, for a task without objects or without a folder)."""
+        if self.config.get("subcommand") != "predict" or self.config_init.predict.get("slicing") is None:
+            return
+        slicing = self.config_init.predict.slicing
+        check_sliceable(self.model)
+        if getattr(self.datamodule, "predict_dir", None) is None:
+            raise ConfigError("--slicing: sliced prediction reads a folder of images; give it as --data.predict_dir")
+        self.datamodule.predict_slicing = slicing
 
 
 def _import(class_path: str | None) -> type | None:

@@ -18,6 +18,13 @@ it), PIL images, NumPy arrays [H, W, 3] / [H, W] (uint8, uint16, or float in [0,
 tensors [3, H, W] / [B, 3, H, W] (uint8, or float in [0, 1], torchvision's convention).
 Files and PIL images are turned upright by their EXIF orientation and 16-bit pixels are
 scaled to 8 bits, as the command line reads them.
+
+Large images with small objects (detection, instance segmentation) can be predicted in
+overlapping tiles, merged as SAHI merges them (`vitdense.slicing`):
+
+    predictor = vitdense.load("det.ckpt", slicing=Slicing(slice_height=64, overlap_height_ratio=0.2))
+    result = predictor("aerial.png")           # tiles + the whole image, merged; boxes in the image's frame
+    predictor.slicing = None                    # (whole images again)
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from vitdense.errors import ConfigError, DataError
 from vitdense.precision import resolve_precision
 from vitdense.preprocess import InferenceData
 from vitdense.results import Result, ResultContext
+from vitdense.slicing import SlicedImage, Slicing, check_checkpoint_sliceable, check_sliceable
 
 #: what a predictor takes as one image
 ImageInput = str | Path | Image.Image | np.ndarray | torch.Tensor
@@ -141,6 +149,9 @@ class Predictor:
         batch_size: images run at once (default: 8, or the DataModule's evaluation batch).
         precision: "32-true" (what `python -m vitdense predict` runs from a checkpoint),
             "bf16-mixed" (autocast), or "auto" (bf16 where the device computes it natively).
+        slicing: predict each image in overlapping tiles, merged (`vitdense.slicing.Slicing`;
+            detection and instance segmentation); None: whole images. An attribute: set it
+            (or None) between calls.
     """
 
     def __init__(
@@ -151,6 +162,7 @@ class Predictor:
         device: str | torch.device = "cpu",
         batch_size: int | None = None,
         precision: str = "32-true",
+        slicing: Slicing | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.task = task.to(self.device).eval()
@@ -166,6 +178,17 @@ class Predictor:
         self.data = data
         self.batch_size = batch_size or 8
         self.precision = str(resolve_precision(precision, self.device.type).precision)
+        self.slicing = slicing
+
+    @property
+    def slicing(self) -> Slicing | None:
+        return self._slicing
+
+    @slicing.setter
+    def slicing(self, slicing: Slicing | None) -> None:
+        if slicing is not None:
+            check_sliceable(self.task)  # (a task without objects: refused now, not at the first image)
+        self._slicing = slicing
 
     @classmethod
     def from_checkpoint(
@@ -175,13 +198,17 @@ class Predictor:
         device: str | torch.device = "cpu",
         batch_size: int | None = None,
         precision: str = "32-true",
+        slicing: Slicing | None = None,
     ) -> Predictor:
         """The predictor of a vitdense training checkpoint (`python -m vitdense fit`, or a
         task fitted from Python): its task, weights, preprocessing and class names."""
         found = Checkpoint(path)
+        if slicing is not None:  # (a task without objects: refused before its weights load)
+            check_checkpoint_sliceable(found)
         task = found.restore("cpu")
         data = inference_data(found)
-        return cls(task, data, device=device, batch_size=batch_size or eval_batch_size(found), precision=precision)
+        batch_size = batch_size or eval_batch_size(found)
+        return cls(task, data, device=device, batch_size=batch_size, precision=precision, slicing=slicing)
 
     @property
     def class_names(self) -> list[str]:
@@ -219,8 +246,14 @@ class Predictor:
 
     @torch.inference_mode()
     def predict_batch(self, images: Sequence[tuple[np.ndarray, str | None]]) -> list[Result]:
-        """Results of a list of (pixels, source) run as one padded batch."""
-        batch = pad_collate([self.sample(pixels, i) for i, (pixels, _) in enumerate(images)])
+        """Results of a list of (pixels, source) run as one padded batch (with `slicing`: each
+        image's tiles in batches of `slicing.batch_size`)."""
+        if self.slicing is not None:
+            batch = pad_collate(
+                [SlicedImage(pixels, i, self.sample, self.slicing) for i, (pixels, _) in enumerate(images)]
+            )
+        else:
+            batch = pad_collate([self.sample(pixels, i) for i, (pixels, _) in enumerate(images)])
         batch = self.task.transfer_batch_to_device(batch, self.device, 0)
         with self._autocast():
             prediction = self.task.predict_step(batch, 0)
@@ -250,7 +283,13 @@ def _is_batch(image: Any) -> bool:
 
 
 def load(
-    path: str | Path, *, device: str | torch.device = "cpu", batch_size: int | None = None, precision: str = "32-true"
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    batch_size: int | None = None,
+    precision: str = "32-true",
+    slicing: Slicing | None = None,
 ) -> Predictor:
-    """The `Predictor` of a vitdense training checkpoint (see `Predictor.from_checkpoint`)."""
-    return Predictor.from_checkpoint(path, device=device, batch_size=batch_size, precision=precision)
+    """The `Predictor` of a vitdense training checkpoint (see `Predictor.from_checkpoint`;
+    `slicing`: predict in tiles, `vitdense.slicing`)."""
+    return Predictor.from_checkpoint(path, device=device, batch_size=batch_size, precision=precision, slicing=slicing)

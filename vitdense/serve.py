@@ -7,6 +7,10 @@ behind HTTP, with LitServe (Lightning's model server; `pip install vitdense[serv
     GET  /health    "ok" once the model is loaded
     GET  /info      the task, its classes and the server's limits
 
+With `--slice_height N` (and SAHI's other options, `vitdense.slicing`), a detection or
+instance segmentation checkpoint predicts each image in overlapping tiles of N pixels,
+merged: small objects in large images.
+
 Concurrent requests are batched (up to `--max_batch_size` images, waiting at most
 `--batch_timeout` seconds for a batch to fill) and padded as the predictor pads them, so a
 batched answer is the answer alone. Every bad request gets its own 4xx with a message and
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import dataclasses
 import hmac
 import json
 import logging
@@ -40,6 +45,13 @@ from starlette.responses import JSONResponse
 
 from vitdense.data.images import ImageTooLarge, decode_image_bytes
 from vitdense.errors import ConfigError, DataError
+from vitdense.slicing import (
+    Slicing,
+    add_slicing_arguments,
+    check_checkpoint_sliceable,
+    check_sliceable,
+    slicing_from_args,
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -277,6 +289,7 @@ class PredictorAPI(ls.LitAPI):
         max_batch_size, batch_timeout: LitServe's dynamic batching.
         max_pixels: largest image (width x height) decoded; 413 beyond.
         precision: the predictor's (`vitdense.load`).
+        slicing: the predictor's sliced inference (`vitdense.slicing`), or None.
     """
 
     def __init__(
@@ -287,17 +300,23 @@ class PredictorAPI(ls.LitAPI):
         batch_timeout: float = 0.01,
         max_pixels: int = 40_000_000,
         precision: str = "32-true",
+        slicing: Slicing | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout)
         self.ckpt_path = str(ckpt_path)
         self.max_pixels = max_pixels
         self.precision = precision
+        self.slicing = slicing
 
     def setup(self, device: str) -> None:
         from vitdense.predictor import Predictor
 
         self.predictor = Predictor.from_checkpoint(
-            self.ckpt_path, device=device, batch_size=self.max_batch_size, precision=self.precision
+            self.ckpt_path,
+            device=device,
+            batch_size=self.max_batch_size,
+            precision=self.precision,
+            slicing=self.slicing,
         )
 
     def decode_request(self, request) -> np.ndarray | Rejected:  # noqa: ANN001
@@ -395,18 +414,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max_pixels", type=int, default=40_000_000, help="largest image, width x height (413 beyond)")
     p.add_argument("--precision", default="32-true", help="32-true, bf16-mixed or auto (see vitdense.load)")
     p.add_argument("--timeout", type=float, default=30, help="seconds a request may wait before a 504")
+    add_slicing_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m vitdense serve ...`: load the checkpoint (failing early on a bad one), serve until stopped."""
     args = parser().parse_args(argv)
+    slicing = slicing_from_args(args)  # (bad options: one line now)
     api_key = api_key_from_env(args.api_key_env)  # before the model: a missing key fails in a second
     from vitdense.checkpoint import Checkpoint
     from vitdense.predictor import inference_data
 
     found = Checkpoint(args.ckpt_path)  # a bad path or file: one line now, not in a worker later
     inference_data(found)
+    if slicing is not None:  # a task without objects: refused before the server starts
+        check_checkpoint_sliceable(found)
+        if isinstance(found.task_type().result_type, property):  # (its settings decide: ask the task)
+            check_sliceable(found.restore("cpu"))
     devices = args.devices if args.devices == "auto" else int(args.devices)
     api = PredictorAPI(
         found.path,
@@ -414,6 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         batch_timeout=args.batch_timeout,
         max_pixels=args.max_pixels,
         precision=args.precision,
+        slicing=slicing,
     )
     metadata = {
         "task": found.task_class,
@@ -421,6 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_bytes": args.max_bytes,
         "max_pixels": args.max_pixels,
         "max_batch_size": args.max_batch_size,
+        "slicing": dataclasses.asdict(slicing) if slicing is not None else None,
     }
     server = ls.LitServer(
         api,

@@ -17,6 +17,7 @@ from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
 from vitdense.bench.seg_heads import run_seg_heads
+from vitdense.bench.sliced import bench_sliced, print_sliced
 from vitdense.bench.train_step import bench_train_step, print_train_step
 
 
@@ -119,6 +120,20 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--warmup", type=int, default=1)
     sh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_cold_start(sub)
+    sl = sub.add_parser(
+        "sliced", help="sliced inference (SAHI's) vs the whole image: AP and AR_small of small objects in large images"
+    )
+    sl.add_argument("--ckpt_path", "--ckpt-path", required=True, help="a detection checkpoint (the demo's: 64 px)")
+    sl.add_argument("--num-images", type=int, default=12, help="generated images")
+    sl.add_argument("--size", type=int, default=2048, help="their side in pixels")
+    sl.add_argument("--objects", type=int, default=40, help="objects per image (12-24 px each)")
+    sl.add_argument("--tile", type=int, default=64, help="tile side (the demo's training size)")
+    sl.add_argument("--overlap", type=float, default=0.2, help="tile overlap ratio")
+    sl.add_argument("--confidence-threshold", type=float, default=0.1, help="tiles' detections kept from this score")
+    sl.add_argument("--slice-batch-size", type=int, default=64, help="tiles per forward pass")
+    sl.add_argument("--seed", type=int, default=0)
+    sl.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    sl.add_argument("--precision", default="32-true", help="the predictor's: 32-true, bf16-mixed or auto")
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -145,3 +160,5 @@ def main(argv: list[str] | None = None) -> None:
         run_seg_heads(args)
     elif args.command == "cold-start":
         print_cold_start(args, bench_cold_start(args))
+    elif args.command == "sliced":
+        print_sliced(bench_sliced(args), args)

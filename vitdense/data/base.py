@@ -39,6 +39,7 @@ from vitdense.data.samplers import (
 from vitdense.data.transforms import process_seed, resolve_normalization, seed_worker_transforms
 from vitdense.errors import DataError
 from vitdense.preprocess import Preprocess
+from vitdense.slicing import SlicedImage, Slicing
 from vitdense.types import LabeledImages
 
 Triple = tuple[float, float, float]
@@ -326,6 +327,9 @@ class ImageDataModule(L.LightningDataModule):
 
     #: label of unlabelled pixels; label maps are padded with it (segmentation)
     ignore_index: int = 255
+    #: predict `predict_dir`'s images in tiles (`python -m vitdense predict --slicing.*` sets it;
+    #: not a constructor argument: how a checkpoint is predicted is not what its data was)
+    predict_slicing: Slicing | None = None
     num_classes: int
     class_names: list[str]
 
@@ -382,7 +386,10 @@ class ImageDataModule(L.LightningDataModule):
         # checkpoints record the normalisation used, also one taken from the backbone
         self.record(mean=list(self.mean), std=list(self.std))
         if stage == "predict" and self.predict_dir is not None:
-            self.predict_dataset = ImageFiles(self.predict_dir, self.predict_sample())
+            to_sample = self.predict_sample()
+            if self.predict_slicing is not None:  # each image whole, cut into tiles when predicted
+                to_sample = SlicedImage.maker(to_sample, self.predict_slicing)
+            self.predict_dataset = ImageFiles(self.predict_dir, to_sample)
         else:
             self.setup_splits(stage)
 

@@ -28,6 +28,7 @@ from vitdense.metrics import DetectionMeanAP
 from vitdense.models import DETRDetector, Selection
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.results import DetectionResult
+from vitdense.slicing import SlicedImages, predict_sliced
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
 from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses, Size
@@ -215,7 +216,9 @@ class DetectionTask(BaseTask):
         """No objects; boxes are predicted at (H0, W0)."""
         return DetectedImages.unlabeled(image, size, index)
 
-    def predict_step(self, batch: DetectedImages | None, batch_idx: int) -> Detections | None:
+    def predict_step(self, batch: DetectedImages | SlicedImages | None, batch_idx: int) -> Detections | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
+        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.slicing`)
+            return predict_sliced(self, batch)
         return self.detections(self.forward_batch(batch, "predict"), batch)

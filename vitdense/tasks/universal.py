@@ -35,6 +35,7 @@ from vitdense.models import EoMT
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.panoptic_metrics import PQ_KEYS, InstanceMeanAP, PanopticQuality
 from vitdense.results import SegmentationResult
+from vitdense.slicing import SlicedImages, predict_sliced
 from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.detection import MAP_KEYS, CriterionFactory, map_backend
 from vitdense.tasks.pictures import draw_panoptic, draw_segmented
@@ -441,6 +442,8 @@ class UniversalSegmentationTask(BaseTask):
     def predict_step(self, batch: Any, batch_idx: int) -> Any:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
+        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.slicing`; instances only)
+            return predict_sliced(self, batch)
         if isinstance(batch, SegmentedImages):
             return SegmentationPrediction(batch.index, [s[0].argmax(0) for s in self.semantic_logits(batch)])
         logits = self.per_image(self(batch.image, batch.image_sizes), batch)
