@@ -1,0 +1,99 @@
+"""`python -m vitdense export --format openvino` and `--half`: OpenVINO's CPU plugin and
+onnxruntime on the float16 file give the eager model's numbers (tests/test_export.py's tiny
+models and reference), and the accuracy bench reads a checkpoint's own validation split."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from tests.test_export import MEAN, STD, eager, tiny_models
+from vitdense.cli import main
+from vitdense.export import exportable, save, trace
+from vitdense.export_runtimes import compile_openvino, onnx_to_openvino, to_half
+
+SIZES = [(32, 32), (48, 32)]  # the export size, then another (dynamic graphs)
+TASKS = ["cls", "probe", "seg", "det", "lwdetr"]
+HALF = ["cls", "seg"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each tiny model exported once to ONNX, converted to IR, and (HALF) to float16 ONNX."""
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("runtimes")
+    models = tiny_models()
+    out = {}
+    for task in TASKS:
+        model = models[task].eval()
+        wrapper = exportable(model, MEAN, STD)
+        names = ["boxes", "scores", "labels"] if task in ("det", "lwdetr") else ["out"]
+        written = save(trace(wrapper, *SIZES[0]), wrapper, folder / f"{task}.onnx", "onnx", names)
+        assert written.fixed_because is None, written.fixed_because
+        onnx_to_openvino(folder / f"{task}.onnx", folder / f"{task}.xml")
+        if task in HALF:
+            to_half(folder / f"{task}.onnx", folder / f"{task}-fp16.onnx")
+        out[task] = model, folder
+    return out
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_openvino_equals_eager(exported, task):
+    """fp32 inference (vitdense's runner asks for it; the CPU plugin's default is bf16 on
+    AVX512-BF16 CPUs) at the export size and at another grid, where the position table is
+    resampled (bicubic with antialiasing, which OpenVINO's own Interpolate gets wrong)."""
+    model, folder = exported[task]
+    compiled = compile_openvino(folder / f"{task}.xml", "f32")
+    generator = torch.Generator().manual_seed(1)
+    for size in SIZES:
+        images = torch.rand(1, 3, *size, generator=generator) * 255
+        got = list(compiled(images.numpy()).values())
+        for mine, reference in zip(got, eager(task, model, images), strict=True):
+            assert mine.shape == reference.shape, size
+            np.testing.assert_allclose(mine, reference, atol=1e-4, rtol=0, err_msg=f"{task} at {size}")
+
+
+@pytest.mark.parametrize("task", HALF)
+def test_half_onnx_is_float16_inside_and_close_to_eager(exported, task):
+    """Weights in float16, `images` and the output float32; within 1% of the output's range of
+    the eager model: float16 rounds each value to 2^-11 (5e-4) relative, and the error of a few
+    dozen rounded ops grows to a few 1e-3 (measured: 5e-5 on probabilities, 3e-3 on logits of
+    range 1.4, on these models)."""
+    model, folder = exported[task]
+    half = onnx.load(str(folder / f"{task}-fp16.onnx"))
+    weights = [t for t in half.graph.initializer if len(t.dims) >= 2]
+    assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+    session = ort.InferenceSession(str(folder / f"{task}-fp16.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.type for i in session.get_inputs()] == ["tensor(float)"]
+    images = torch.rand(1, 3, *SIZES[1], generator=torch.Generator().manual_seed(2)) * 255
+    (got,) = session.run(None, {"images": images.numpy()})
+    (reference,) = eager(task, model, images)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, reference, atol=1e-2 * np.ptp(reference), rtol=0)
+
+
+def test_the_command_exports_openvino_ir(trained, tmp_path, capsys):
+    """The IR of a trained checkpoint, dynamic, equal to the checkpoint's model at a size it
+    was not exported at."""
+    from vitdense.checkpoint import Checkpoint, load_task
+    from vitdense.preprocess import InferenceData
+
+    _, ckpt = trained["cls"]
+    main(["export", f"--ckpt_path={ckpt}", "--format=openvino", f"--output={tmp_path / 'cls.xml'}"])
+    said = capsys.readouterr().out
+    assert "images [1, 3, height, width]" in said and "dynamic" in said
+    assert (tmp_path / "cls.bin").stat().st_size > 0
+    preprocess = InferenceData.from_data(Checkpoint(ckpt).inference).preprocess
+    wrapper = exportable(load_task(ckpt).model, preprocess.mean, preprocess.std)
+    images = torch.rand(1, 3, 32, 80) * 255
+    (probs,) = compile_openvino(tmp_path / "cls.xml")(images.numpy()).values()
+    with torch.no_grad():
+        np.testing.assert_allclose(probs, wrapper(images).numpy(), atol=1e-4, rtol=0)
+
+
+def test_half_is_for_onnx_only(trained, capsys):
+    with pytest.raises(SystemExit):
+        main(["export", f"--ckpt_path={trained['cls'][1]}", "--format=openvino", "--half"])
+    err = capsys.readouterr().err
+    assert err.startswith("vitdense: error: --half --format openvino: float16 is written for ONNX only")
