@@ -97,3 +97,24 @@ def test_half_is_for_onnx_only(trained, capsys):
         main(["export", f"--ckpt_path={trained['cls'][1]}", "--format=openvino", "--half"])
     err = capsys.readouterr().err
     assert err.startswith("vitdense: error: --half --format openvino: float16 is written for ONNX only")
+
+
+def test_the_accuracy_bench_reads_the_checkpoints_validation_split(trained, monkeypatch):
+    """A trained segmentation checkpoint (the hybrid demo: its ONNX is the TorchScript
+    fallback's, fixed) on its own validation images: the fp32 runtimes give eager's mIoU and
+    outputs; the float16 file runs (onnxruntime's session at ORT_ENABLE_ALL crashes on it)
+    and differs, within float16's few 1e-3 relative of these O(1) logits."""
+    import argparse
+
+    from vitdense.bench.export_accuracy import bench_export_accuracy
+
+    folder, ckpt = trained["seg"]
+    monkeypatch.chdir(folder)  # the data's root is relative to where it was fitted
+    args = argparse.Namespace(ckpt_path=str(ckpt), formats=["onnx", "onnx-fp16", "openvino"], limit=2)
+    family, results = bench_export_accuracy(args)
+    assert family == "segmentation" and list(results) == ["eager", "onnx", "onnx-fp16", "openvino"]
+    for name in ("onnx", "openvino"):
+        assert results[name].metrics == pytest.approx(results["eager"].metrics, abs=1e-6), name
+        assert results[name].max_diff["logits"] < 1e-4, name
+    assert 0 < results["onnx-fp16"].max_diff["logits"] < 0.05
+    assert len(results["eager"].ms) == 2
