@@ -20,6 +20,9 @@ differently from the eager model, and what is done about them:
 Half-precision ONNX: weights and compute in float16, `images` and the outputs float32
 (`keep_io_types`), by onnxruntime's float16 converter (`onnxruntime.transformers.float16`,
 the maintained successor of onnxconverter-common's, shipped in the onnxruntime wheel).
+onnxruntime 1.32's CPU session crashes (segfault) building the hybrid demos' float16 graph
+(the TorchScript fallback's, GELU decomposed) at its default ORT_ENABLE_ALL; at
+ORT_ENABLE_EXTENDED it runs (what `python -m vitdense.bench export-accuracy` uses).
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from vitdense.errors import ConfigError
 Precision = Literal["f32", "bf16"]
 
 #: ONNX ops left in float32 by `to_half`, besides the converter's own list (ops without
-#: float16 kernels). Empty: measured on the demo checkpoints, every op runs in float16 within
-#: the accuracy shown in the README (LayerNormalization keeps fp32 statistics by itself, its
-#: stash_type; boxes are decoded in [0, 1] and scaled to pixels last)
+#: float16 kernels). Empty, by measurement (`python -m vitdense.bench export-accuracy`): with
+#: every op in float16 the demos lose 0.1 AP (detection) and no mIoU (segmentation);
+#: LayerNormalization keeps float32 statistics by itself (its stash_type), and boxes are
+#: decoded in [0, 1] and scaled to pixels last
 HALF_OP_BLOCK_LIST: tuple[str, ...] = ()
 
 
