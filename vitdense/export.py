@@ -1,6 +1,6 @@
-"""`python -m vitdense export --ckpt_path run.ckpt --format onnx|pt2`: a checkpoint's model as
+"""`python -m vitdense export --ckpt_path run.ckpt --format onnx|pt2|openvino`: a checkpoint's model as
 one graph, with its normalisation inside, for runtimes without vitdense (onnxruntime,
-TensorRT, `torch.export.load`). `--format weights` writes the backbone's weights alone, with
+TensorRT, `torch.export.load`, OpenVINO; `--half`: float16 ONNX; `vitdense.export_runtimes`). `--format weights` writes the backbone's weights alone, with
 timm's names, as `.safetensors` (what `backbone.checkpoint` and timm's `pretrained_cfg_overlay`
 load): e.g. a pre-trained encoder (`MaskedImageModelingTask`) for any downstream task.
 
@@ -45,7 +45,7 @@ from torch.export import Dim, ExportedProgram
 from vitdense.errors import ConfigError
 from vitdense.preprocess import InferenceData
 
-Format = Literal["onnx", "pt2"]
+Format = Literal["onnx", "pt2", "openvino"]
 #: largest side the dynamic graphs are declared for
 MAX_SIDE = 4096
 #: largest batch the dynamic graphs are declared for
@@ -191,6 +191,10 @@ def save(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: 
     one (it records the shapes of the one batch it runs). A `.pt2` that cannot be stored
     dynamic (the hybrid's timm "same" padding keeps `math.ceil` of the sizes) is stored at
     the example's size."""
+    if fmt == "openvino":  # through the ONNX file (vitdense.export_runtimes)
+        from vitdense.export_runtimes import save_openvino
+
+        return save_openvino(traced, wrapper, path, outputs)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "pt2":
         try:
@@ -225,7 +229,12 @@ def save(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: 
 
 
 def run_exported(path: Path, fmt: Format, images: torch.Tensor) -> list[torch.Tensor]:
-    """The outputs of an exported file on `images` (onnxruntime for ONNX)."""
+    """The outputs of an exported file on `images` (onnxruntime for ONNX, OpenVINO's CPU
+    plugin in fp32 for its IR)."""
+    if fmt == "openvino":
+        from vitdense.export_runtimes import run_openvino
+
+        return run_openvino(path, images)
     if fmt == "pt2":
         with torch.no_grad():
             out = torch.export.load(path).module()(images)
@@ -311,12 +320,16 @@ def export_checkpoint(
     width: int | None = None,
     dynamic: bool = True,
     dynamic_batch: bool = True,
+    half: bool = False,
 ) -> tuple[Path, Traced, list[str]]:
-    """Export a vitdense training checkpoint; (file written, the traced program, output names)."""
+    """Export a vitdense training checkpoint; (file written, the traced program, output names).
+    `half`: ONNX in float16, its input and outputs float32 (`vitdense.export_runtimes.to_half`)."""
     from vitdense.checkpoint import Checkpoint, load_task
 
-    if fmt not in ("onnx", "pt2"):
-        raise ConfigError(f"--format {fmt}: expected onnx, pt2 or weights")
+    if fmt not in ("onnx", "pt2", "openvino"):
+        raise ConfigError(f"--format {fmt}: expected onnx, pt2, openvino or weights")
+    if half and fmt != "onnx":
+        raise ConfigError(f"--half --format {fmt}: float16 is written for ONNX only (--format onnx --half)")
     found = Checkpoint(ckpt_path)
     model = load_task(found.path).model
     if found.inference is not None:  # the preprocessing the checkpoint recorded
@@ -329,10 +342,15 @@ def export_checkpoint(
     wrapper = exportable(model, list(mean), list(std))
     size = found.data.get("img_size") or 224
     traced = trace(wrapper, height or size, width or size, dynamic, dynamic_batch)
-    path = Path(output) if output else found.path.with_suffix(f".{fmt}")
+    suffix = {"openvino": ".xml"}.get(fmt, f".{fmt}")
+    path = Path(output) if output else found.path.with_name(found.path.stem + ("-fp16" if half else "") + suffix)
     outputs = wrapper.output_names
-    traced = save(traced, wrapper, path, fmt, outputs)
-    return path, check_dynamic(traced, wrapper, path, fmt, outputs), outputs
+    traced = check_dynamic(save(traced, wrapper, path, fmt, outputs), wrapper, path, fmt, outputs)
+    if half:  # converted once the float32 graph is checked
+        from vitdense.export_runtimes import to_half
+
+        to_half(path)
+    return path, traced, outputs
 
 
 def export_backbone_weights(ckpt_path: str | Path, output: str | Path | None = None) -> tuple[Path, int]:
@@ -353,13 +371,22 @@ def export_backbone_weights(ckpt_path: str | Path, output: str | Path | None = N
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m vitdense export",
-        description="Export a checkpoint's model (normalisation included) to ONNX or torch.export's .pt2.",
+        description="Export a checkpoint's model (normalisation included) to ONNX, torch.export's .pt2 or OpenVINO IR.",
     )
     p.add_argument("--ckpt_path", required=True, help="a checkpoint written by `python -m vitdense fit`")
     p.add_argument(
-        "--format", default="onnx", help="onnx (default), pt2, or weights (the backbone's, timm names, .safetensors)"
+        "--format",
+        default="onnx",
+        help="onnx (default), pt2, openvino (IR: .xml + .bin), or weights (the backbone's, timm names, .safetensors)",
     )
-    p.add_argument("--output", help="file to write (default: the checkpoint's path with .onnx / .pt2 / .safetensors)")
+    p.add_argument(
+        "--output", help="file to write (default: the checkpoint's path with .onnx / .pt2 / .xml / .safetensors)"
+    )
+    p.add_argument(
+        "--half",
+        action="store_true",
+        help="ONNX in float16 (weights and compute; images and outputs stay float32), written as NAME-fp16.onnx",
+    )
     p.add_argument("--height", type=int, help="example input height (default: the data's img_size)")
     p.add_argument("--width", type=int, help="example input width (default: the data's img_size)")
     p.add_argument("--no-dynamic", dest="dynamic", action="store_false", help="fix height and width to the example's")
@@ -374,10 +401,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {path} (the backbone's {count} tensors, timm names; load with backbone.checkpoint)")
         return
     path, traced, outputs = export_checkpoint(
-        args.ckpt_path, args.format, args.output, args.height, args.width, args.dynamic, args.dynamic_batch
+        args.ckpt_path, args.format, args.output, args.height, args.width, args.dynamic, args.dynamic_batch, args.half
     )
-    size_mb = path.stat().st_size / 1e6
-    print(f"wrote {path} ({args.format}, {size_mb:.1f} MB)")
+    files = [path, path.with_suffix(".bin")] if args.format == "openvino" else [path]  # the IR's weights beside it
+    size_mb = sum(f.stat().st_size for f in files) / 1e6
+    kind = f"{args.format}, float16" if args.half else args.format
+    print(f"wrote {path} ({kind}, {size_mb:.1f} MB)")
     print("\n".join(describe(traced, outputs)))
     print("\n".join(dynamic_lines(traced)))
 

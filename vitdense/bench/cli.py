@@ -15,6 +15,7 @@ from vitdense.bench.detection import bench_det_heads, print_det_heads
 from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
+from vitdense.bench.export_accuracy import bench_export_accuracy, print_export_accuracy
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
 from vitdense.bench.seg_heads import run_seg_heads
 from vitdense.bench.sliced import bench_sliced, print_sliced
@@ -49,6 +50,16 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--tasks", nargs="+", default=["classification", "segmentation", "detection"])
     ex.add_argument("--iters", type=int, default=10, help="timed rounds per runtime")
     ex.add_argument("--warmup", type=int, default=2)
+    ea = sub.add_parser(
+        "export-accuracy",
+        help="a checkpoint's ONNX fp32 / fp16 and OpenVINO f32 / bf16 graphs on its validation split: AP or mIoU",
+    )
+    ea.add_argument("--ckpt_path", required=True, help="a detection or segmentation checkpoint (run from its folder)")
+    ea.add_argument(
+        "--formats", nargs="+", default=["onnx", "onnx-fp16", "openvino", "openvino-bf16"],
+        help="besides eager (openvino-bf16 only where the CPU computes bf16)",
+    )  # fmt: skip
+    ea.add_argument("--limit", type=int, default=None, help="the first N validation images (default: all)")
     dh = sub.add_parser("det-heads", help="training-step time and memory of each detection head, same backbone")
     dh.add_argument("--model", default="vit_small_patch16_224", help="timm model name (random weights)")
     dh.add_argument("--img-size", type=int, default=640)
@@ -141,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.dynamic_batch and args.batch_size != 1:
             parser.error(f"export --no-dynamic-batch --batch-size {args.batch_size}: a batch-1 graph runs 1 image")
         print_export(args, bench_export(args))
+    elif args.command == "export-accuracy":
+        print_export_accuracy(args, *bench_export_accuracy(args))
     elif args.command == "det-heads":
         print_det_heads(args, bench_det_heads(args))
     elif args.command == "train-step":
