@@ -217,7 +217,7 @@ def test_load_draws_and_serves_the_depth(fitted):
 
 def test_onnx_equals_eager(fitted, tmp_path):
     """The graph (normalisation included) gives the eager model's metres, for a batch of two
-    (the batch is dynamic). Exported at a fixed, non-square size: a DPT export with dynamic
+    (the batch is dynamic), in onnxruntime and as OpenVINO IR. Exported at a fixed, non-square size: a DPT export with dynamic
     sizes costs 3x as much (12 s); dynamic sizes are tested in tests/test_export.py."""
     import onnxruntime
 
@@ -236,6 +236,12 @@ def test_onnx_equals_eager(fitted, tmp_path):
     with torch.no_grad():
         (expected,) = model.export_outputs((raw / 255 - mean[:, None, None]) / std[:, None, None])
     assert depth.shape == (2, 1, *size)
+    torch.testing.assert_close(torch.from_numpy(depth), expected, atol=1e-4, rtol=1e-4)
+    # OpenVINO IR, as `--format openvino` converts it from this ONNX file, in fp32
+    from vitdense.export_runtimes import compile_openvino, onnx_to_openvino
+
+    onnx_to_openvino(path, tmp_path / "dpt.xml")
+    (depth,) = compile_openvino(tmp_path / "dpt.xml", "f32")(raw.numpy()).values()
     torch.testing.assert_close(torch.from_numpy(depth), expected, atol=1e-4, rtol=1e-4)
 
 

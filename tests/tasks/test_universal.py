@@ -268,6 +268,13 @@ def test_export_gives_the_eager_class_probabilities_and_masks(fitted, tmp_path):
     torch.testing.assert_close(torch.from_numpy(probs), expected[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(torch.from_numpy(masks), expected[1], atol=1e-3, rtol=1e-4)
     assert masks.shape[-2:] == (40, 24)
+    # OpenVINO IR, as `--format openvino` converts it from this ONNX file, in fp32
+    from vitdense.export_runtimes import compile_openvino, onnx_to_openvino
+
+    onnx_to_openvino(path, tmp_path / "eomt.xml")
+    probs, masks = compile_openvino(tmp_path / "eomt.xml", "f32")(raw.numpy()).values()
+    torch.testing.assert_close(torch.from_numpy(probs), expected[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.from_numpy(masks), expected[1], atol=1e-3, rtol=1e-4)
 
 
 def test_instance_predictions_are_a_coco_results_file_cocoeval_reads(fitted, tmp_path):
