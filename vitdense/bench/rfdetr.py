@@ -20,7 +20,12 @@ size config (`RFDETRNanoConfig`, ... `RFDETRBaseConfig`), field by field:
 
 Both get random weights (rfdetr's DINOv2 download is skipped by naming a pretrain file its
 builder does not read: `load_dinov2_weights` is `pretrain_weights is None`). Where the two
-cannot be the same, the printout says so (parameter counts per part).
+cannot be the same, the printout says so (parameter counts per part): rfdetr's DINOv2 has an
+unused `mask_token` (384) and keeps its position table at 37 x 37 where the resolution is
+not 37 patches (base: resampled to 40 x 40 in every forward; vitdense stores 40 x 40). Two
+computational differences remain: rfdetr copies the class token into every window (vitdense's
+windows share one), and rfdetr's ONNX graph ends at the queries' boxes and logits where
+vitdense's includes the normalisation and the top-k post-processing.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ def rfdetr_missing() -> str | None:
         return (
             "the rfdetr bench compares with RF-DETR's own code, and rfdetr is not installed (it is not a vitdense "
             "dependency): pip install rfdetr (measured with 1.11.2), best into a venv of its own with vitdense: "
-            "python -m venv rfvenv && rfvenv/bin/pip install -e . rfdetr onnxruntime onnxscript"
+            "python -m venv rfvenv && rfvenv/bin/pip install -e . rfdetr onnx onnxruntime onnxscript"
         )
     return None
 
