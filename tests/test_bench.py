@@ -210,3 +210,13 @@ def test_seg_heads_bench_warns_of_emulated_bf16(monkeypatch):
     assert seg_heads.bf16_warning(argparse.Namespace(precision="fp32", device="cpu")) is None
     monkeypatch.setattr(seg_heads, "native_bf16", lambda: True)
     assert seg_heads.bf16_warning(args) is None
+
+
+def test_rfdetr_bench_without_rfdetr_says_how_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rfdetr", None)  # importing it fails, installed or not
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rfdetr", "--size", "base"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "rfdetr is not installed" in err and "pip install rfdetr" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -17,6 +17,7 @@ from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.export_accuracy import bench_export_accuracy, print_export_accuracy
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
+from vitdense.bench.rfdetr import SIZES, run_rfdetr
 from vitdense.bench.seg_heads import run_seg_heads
 from vitdense.bench.sliced import bench_sliced, print_sliced
 from vitdense.bench.train_step import bench_train_step, print_train_step
@@ -145,6 +146,19 @@ def main(argv: list[str] | None = None) -> None:
     sl.add_argument("--seed", type=int, default=0)
     sl.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     sl.add_argument("--precision", default="32-true", help="the predictor's: 32-true, bf16-mixed or auto")
+    rf = sub.add_parser(
+        "rfdetr", help="LW-DETR detector: vitdense vs RF-DETR's own code (rfdetr), same size, random weights, CPU"
+    )
+    rf.add_argument("--size", choices=list(SIZES), default="nano", help="rfdetr's model size (its config)")
+    rf.add_argument("--batch-size", type=int, default=2, help="of the training step (inference: 1)")
+    rf.add_argument("--num-classes", type=int, default=80, help="class logits of both")
+    rf.add_argument(
+        "--precision", choices=["fp32", "bf16"], default="fp32", help="autocast dtype (bf16 on CPU: CPU autocast)"
+    )
+    rf.add_argument("--measure", nargs="+", choices=["train", "infer", "onnx"], default=["train", "infer", "onnx"])
+    rf.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads (default: torch's)")
+    rf.add_argument("--iters", type=int, default=5, help="timed rounds per model")
+    rf.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -175,3 +189,5 @@ def main(argv: list[str] | None = None) -> None:
         print_cold_start(args, bench_cold_start(args))
     elif args.command == "sliced":
         print_sliced(bench_sliced(args), args)
+    elif args.command == "rfdetr":
+        run_rfdetr(args)

@@ -404,10 +404,13 @@ class LWDETRHead(nn.Module):
             mask = mask.repeat_interleave(self.decoder[0].self_attn.num_heads, 0)
         hidden, inputs = [], [reference]
         for i, layer in enumerate(self.decoder):
-            scaled = reference[:, :, None] * torch.cat([levels.valid_ratios, levels.valid_ratios], -1)[:, None]
-            # the query's position is its box in its own image (RF-DETR embeds the box scaled
-            # to the padded map, which makes a query's position depend on the batch's padding)
-            query_pos = self.ref_point_head(box_sine_embedding(reference, self.hidden_dim // 2).to(tgt.dtype))
+            # with fixed references (RF-DETR's lite refinement) every layer has the same reference
+            # points and query positions: computed once, as RF-DETR does
+            if i == 0 or self.refine_references:
+                scaled = reference[:, :, None] * torch.cat([levels.valid_ratios, levels.valid_ratios], -1)[:, None]
+                # the query's position is its box in its own image (RF-DETR embeds the box scaled
+                # to the padded map, which makes a query's position depend on the batch's padding)
+                query_pos = self.ref_point_head(box_sine_embedding(reference, self.hidden_dim // 2).to(tgt.dtype))
             tgt = layer(tgt, query_pos, scaled, levels, groups, mask if noised is not None else None)
             hidden.append(self.decoder_norm(tgt))
             if self.refine_references and i < len(self.decoder) - 1:
@@ -451,11 +454,14 @@ class LWDETRHead(nn.Module):
             with torch.autocast(out.device.type, enabled=False):
                 out = out.float()
                 group_logits = self.enc_out_class_embed[g](out)  # [B, S, K]
-                group_boxes = refine_boxes(anchors, self.enc_out_bbox_embed[g](out), self.bbox_reparam)
-            score = group_logits.detach().amax(-1).masked_fill(~valid, float("-inf"))
-            top = score.topk(self.num_queries, dim=1).indices  # [B, Q]
-            logits.append(group_logits.gather(1, top[..., None].expand(-1, -1, group_logits.shape[-1])))
-            boxes.append(group_boxes.gather(1, top[..., None].expand(-1, -1, 4)))
+                score = group_logits.detach().amax(-1).masked_fill(~valid, float("-inf"))
+                top = score.topk(self.num_queries, dim=1).indices  # [B, Q]
+                logits.append(group_logits.gather(1, top[..., None].expand(-1, -1, group_logits.shape[-1])))
+                # the box MLP acts per token: run it on the Q selected tokens only, not on all S (the
+                # same boxes and gradients; rfdetr does the same, and S is 1600 at RF-DETR-B's 560 px)
+                selected = out.gather(1, top[..., None].expand(-1, -1, out.shape[-1]))
+                anchor = anchors.gather(1, top[..., None].expand(-1, -1, 4))
+                boxes.append(refine_boxes(anchor, self.enc_out_bbox_embed[g](selected), self.bbox_reparam))
         return torch.cat(logits, 1), torch.cat(boxes, 1)
 
 
