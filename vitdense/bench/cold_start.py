@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -36,9 +38,10 @@ predictor = vitdense.load(sys.argv[1], precision=sys.argv[3])
 loaded = time.perf_counter()
 predictor(sys.argv[2])
 first = time.perf_counter()
+answered = time.time()  # (wall clock: the parent's spawn time is on the same clock)
 predictor(sys.argv[2])
 second = time.perf_counter()
-print(json.dumps([imported - start, loaded - imported, first - loaded, second - first]))
+print(json.dumps([imported - start, loaded - imported, first - loaded, second - first, answered]))
 """
 
 
@@ -61,7 +64,7 @@ def time_python_startup() -> float:
 
 def time_load(ckpt: Path, image: Path, precision: str) -> tuple[float, list[float]]:
     """(seconds from spawning Python to its first prediction, the phases of `LOAD_PHASES`)."""
-    start = time.perf_counter()
+    spawned = time.time()
     out = subprocess.run(
         [sys.executable, "-c", _LOAD_SCRIPT, str(ckpt), str(image), precision],
         check=True,
@@ -69,9 +72,8 @@ def time_load(ckpt: Path, image: Path, precision: str) -> tuple[float, list[floa
         text=True,
         env=_environment(),
     )
-    total = time.perf_counter() - start
-    phases = json.loads(out.stdout.strip().splitlines()[-1])
-    return total - phases[-1], phases  # the second prediction is not part of the cold start
+    *phases, answered = json.loads(out.stdout.strip().splitlines()[-1])
+    return answered - spawned, phases
 
 
 def time_serve(ckpt: Path, image: Path, precision: str, timeout: float = 300) -> tuple[float, float]:
@@ -81,19 +83,22 @@ def time_serve(ckpt: Path, image: Path, precision: str, timeout: float = 300) ->
     url = f"http://127.0.0.1:{port}"
     body = json.dumps({"image": base64.b64encode(image.read_bytes()).decode()}).encode()
     env = {k: v for k, v in _environment().items() if k != "VITDENSE_API_KEY"}
+    log = tempfile.TemporaryFile()  # (a pipe nobody reads while waiting could fill and stall the server)
     start = time.perf_counter()
     server = subprocess.Popen(
         [sys.executable, "-m", "vitdense", "serve", "--ckpt_path", str(ckpt), "--port", str(port)]
         + ["--precision", precision],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         env=env,
+        start_new_session=True,  # LitServe's workers are processes of their own: stopped as one group
     )
     try:
         healthy = None
         while healthy is None:
             if server.poll() is not None:
-                raise RuntimeError(f"the server exited: {server.stderr.read().decode()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"the server exited: {log.read().decode(errors='replace')[-2000:]}")
             if time.perf_counter() - start > timeout:
                 raise TimeoutError(f"no answer from {url}/health within {timeout} s")
             try:
@@ -109,13 +114,23 @@ def time_serve(ckpt: Path, image: Path, precision: str, timeout: float = 300) ->
                 raise RuntimeError(f"POST /predict answered {answer.status}")
         return healthy, time.perf_counter() - start
     finally:
-        server.terminate()
+        stop_group(server)
+        log.close()
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the process's group (the server and the workers it started), SIGKILL to
+    what is left after 30 s."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
         try:
-            server.wait(timeout=30)
+            process.wait(timeout=wait)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # workers that outlive the server
+            return
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        server.stderr.close()
+            continue
 
 
 def default_image(folder: Path, size: int) -> Path:
