@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,10 +192,15 @@ def save(traced: Traced, wrapper: Normalized, path: Path, fmt: Format, outputs: 
     one (it records the shapes of the one batch it runs). A `.pt2` that cannot be stored
     dynamic (the hybrid's timm "same" padding keeps `math.ceil` of the sizes) is stored at
     the example's size."""
-    if fmt == "openvino":  # through the ONNX file (vitdense.export_runtimes)
-        from vitdense.export_runtimes import save_openvino
+    if fmt == "openvino":  # the ONNX file (in a temporary folder), converted (vitdense.export_runtimes)
+        from vitdense.export_runtimes import onnx_to_openvino
 
-        return save_openvino(traced, wrapper, path, outputs)
+        with tempfile.TemporaryDirectory() as folder:
+            onnx_path = Path(folder) / "model.onnx"
+            written = save(traced, wrapper, onnx_path, "onnx", outputs)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx_to_openvino(onnx_path, path)
+        return written
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "pt2":
         try:

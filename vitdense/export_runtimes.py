@@ -170,19 +170,3 @@ def to_half(path: Path, output: Path | None = None, op_block_list: tuple[str, ..
     large = half.ByteSize() > 2**31 - 1
     onnx.save(half, str(output), save_as_external_data=large, location=f"{output.name}.data" if large else None)
     return output
-
-
-def save_openvino(traced, wrapper, path: Path, outputs: list[str]):
-    """`vitdense.export.save` for `--format openvino`: the ONNX file (in a temporary folder),
-    converted to IR at `path`; returns what the ONNX export returned (its size fixed, with
-    the reason, where it was)."""
-    import tempfile
-
-    from vitdense.export import save
-
-    with tempfile.TemporaryDirectory() as folder:
-        onnx_path = Path(folder) / "model.onnx"
-        written = save(traced, wrapper, onnx_path, "onnx", outputs)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        onnx_to_openvino(onnx_path, path)
-    return written
