@@ -440,7 +440,9 @@ class DETRHead(nn.Module):
                 boxes = self.bbox_embed(hs.float()).sigmoid()
             else:
                 boxes = torch.stack([self.box_head(i)(h) for i, h in enumerate(hs.float())]).sigmoid()
-        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
+        # (a one-layer decoder has none: zip over an empty slice puts an unbind into zero tensors in
+        # an exported graph, which torch.export saves to a .pt2 it cannot load back)
+        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss and len(logits) > 1 else ()
         return DetectionOutput(logits[-1], boxes[-1], aux, groups)
 
     def initial_reference(self, query_pos: torch.Tensor) -> torch.Tensor:

@@ -433,7 +433,9 @@ class LWDETRHead(nn.Module):
             d = noised.labels.shape[1]
             dn = Denoising(tuple(zip(logits[:, :, :d], boxes[:, :, :d], strict=True)), noised.matches, self.dn_groups)
             logits, boxes = logits[:, :, d:], boxes[:, :, d:]
-        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss else ()
+        # (a one-layer decoder has none: zip over an empty slice puts an unbind into zero tensors in
+        # an exported graph, which torch.export saves to a .pt2 it cannot load back)
+        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss and len(logits) > 1 else ()
         return DetectionOutput(logits[-1], boxes[-1], aux, groups, enc=enc, sigmoid=True, dn=dn)
 
     def select_proposals(self, levels: FlatLevels, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
