@@ -92,6 +92,27 @@ def time_training_steps(
     return {name: (statistics.median(ts), memory[name]) for name, ts in times.items()}
 
 
+def alternating_rounds(
+    steps: dict[str, Callable[[], object]], iters: int, warmup: int
+) -> dict[str, tuple[float, float]]:
+    """{name: (median wall ms, median process CPU ms)} of each step over `iters` rounds after
+    `warmup`, taken in turn, the order reversed every other round. The CPU time (all
+    threads of this process) is the work done, which other processes on the machine inflate
+    far less than the wall time; with one thread it is the fairest figure on a shared machine."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
+    order = list(steps)
+    for i in range(warmup + iters):
+        for name in order if i % 2 == 0 else order[::-1]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            steps[name]()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if i >= warmup:
+                times[name].append((wall * 1000, cpu * 1000))
+    return {
+        name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for name, ts in times.items()
+    }
+
+
 def coco_like_targets(batch_size: int, num_classes: int, device: torch.device) -> list:
     """`BoxTargets` of 7 objects per image (COCO's mean), centres in [0.2, 0.8], sides in
     [0.05, 0.35], seeded."""

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
 import sys
 
 import torch
 from torch import nn
 
-from vitdense.bench.common import cpu_kind, time_call
+from vitdense.bench.common import alternating_rounds, cpu_kind
 
 #: vitdense's names -> transformers' (EomtForUniversalSegmentation), first match wins
 _RENAMES = (
@@ -116,16 +115,10 @@ def bench_eomt_peer(args: argparse.Namespace) -> dict[str, float]:
     ours, peer = build_pair(args)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
     steps = {"vitdense": lambda: ours(x).mask_logits, "transformers": lambda: peer(pixel_values=x).masks_queries_logits}
-    cpu = torch.device("cpu")
-    times: dict[str, list[float]] = {name: [] for name in steps}
     with torch.inference_mode():
         diff = (steps["vitdense"]() - steps["transformers"]()).abs().max().item()
-        for i in range(args.warmup + args.iters):
-            for name in list(steps) if i % 2 == 0 else list(steps)[::-1]:
-                elapsed = time_call(steps[name], cpu)
-                if i >= args.warmup:
-                    times[name].append(elapsed * 1000)
-    results = {name: statistics.median(ts) for name, ts in times.items()}
+        timed = alternating_rounds(steps, args.iters, args.warmup)
+    results: dict = {name: wall for name, (wall, _) in timed.items()}
     results["max_diff"] = diff
     results["attn"] = peer.config._attn_implementation
     results["version"] = transformers.__version__

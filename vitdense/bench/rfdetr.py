@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +43,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vitdense.bench.common import autocast, cpu_kind
+from vitdense.bench.common import alternating_rounds, autocast, cpu_kind
 
 #: rfdetr's size configs the bench knows (`rfdetr.config`)
 SIZES = {
@@ -322,25 +320,6 @@ def onnx_sessions(
     return {"rfdetr": partial(rf_session.run, None, normalized), "vitdense": partial(vd_session.run, None, pixels)}
 
 
-def alternate(steps: dict[str, Callable[[], object]], iters: int, warmup: int) -> dict[str, tuple[float, float]]:
-    """{name: (median wall ms, median process CPU ms)} of each step over `iters` rounds after
-    `warmup`, the two taken in turn, the order reversed every other round. The CPU time (all
-    threads of this process) is the work done, which other processes on the machine inflate
-    far less than the wall time; with one thread it is the fairest figure on a shared machine."""
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
-    order = list(steps)
-    for i in range(warmup + iters):
-        for name in order if i % 2 == 0 else order[::-1]:
-            wall, cpu = time.perf_counter(), time.process_time()
-            steps[name]()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            if i >= warmup:
-                times[name].append((wall * 1000, cpu * 1000))
-    return {
-        name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for name, ts in times.items()
-    }
-
-
 def bench_rfdetr(args: argparse.Namespace) -> dict:
     """The parameter counts and the median ms of each measurement, per model."""
     from importlib.metadata import version
@@ -356,12 +335,14 @@ def bench_rfdetr(args: argparse.Namespace) -> dict:
     r = layout.resolution
     if "train" in args.measure:
         steps = training_steps(rf, criterion, task, args, args.num_classes, r)
-        results["train"] = alternate(steps, args.iters, args.warmup)
+        results["train"] = alternating_rounds(steps, args.iters, args.warmup)
     if "infer" in args.measure:
-        results["infer"] = alternate(inference_steps(rf, postprocess, task, args, r), args.iters, args.warmup)
+        results["infer"] = alternating_rounds(inference_steps(rf, postprocess, task, args, r), args.iters, args.warmup)
     if "onnx" in args.measure:
         with tempfile.TemporaryDirectory() as folder:
-            results["onnx"] = alternate(onnx_sessions(rf, config, task, Path(folder), r), args.iters, args.warmup)
+            results["onnx"] = alternating_rounds(
+                onnx_sessions(rf, config, task, Path(folder), r), args.iters, args.warmup
+            )
     return results
 
 
