@@ -38,8 +38,8 @@ objects to slice: they are refused with a message.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 import torch
@@ -100,10 +100,14 @@ class Slicing:
                     f"slicing.{name}={value}: the overlap is a fraction of the tile, 0 <= ratio < 1 "
                     "(e.g. 0.2: neighbouring tiles share a fifth of their side)"
                 )
-        if self.postprocess_type not in ("GREEDYNMM", "NMM", "NMS"):
-            raise ConfigError(f"slicing.postprocess_type={self.postprocess_type!r}: one of GREEDYNMM, NMM, NMS")
-        if self.postprocess_match_metric not in ("IOS", "IOU"):
-            raise ConfigError(f"slicing.postprocess_match_metric={self.postprocess_match_metric!r}: IOS or IOU")
+        if self.postprocess_type not in get_args(Postprocess):
+            raise ConfigError(
+                f"slicing.postprocess_type={self.postprocess_type!r}: one of {', '.join(get_args(Postprocess))}"
+            )
+        if self.postprocess_match_metric not in get_args(MatchMetric):
+            raise ConfigError(
+                f"slicing.postprocess_match_metric={self.postprocess_match_metric!r}: {' or '.join(get_args(MatchMetric))}"
+            )
         if not 0 <= self.postprocess_match_threshold <= 1:
             raise ConfigError(f"slicing.postprocess_match_threshold={self.postprocess_match_threshold}: in [0, 1]")
 
@@ -499,19 +503,34 @@ def add_slicing_arguments(parser: Any) -> None:
     """SAHI's command-line options (`sahi predict`'s names) on an argparse parser; slicing is
     on when `--slice_height` is given."""
     group = parser.add_argument_group("sliced inference (detection, instance segmentation; vitdense.slicing)")
+    default = {f.name: f.default for f in fields(Slicing)}  # (one place for SAHI's defaults: the dataclass)
     group.add_argument(
         "--slice_height", type=int, default=None, help="tile height in pixels; slicing is off without it"
     )
     group.add_argument("--slice_width", type=int, default=None, help="tile width (default: the height)")
-    group.add_argument("--overlap_height_ratio", type=float, default=0.2, help="overlap of neighbouring tiles, 0..<1")
+    group.add_argument(
+        "--overlap_height_ratio",
+        type=float,
+        default=default["overlap_height_ratio"],
+        help="overlap of neighbouring tiles, 0..<1",
+    )
     group.add_argument("--overlap_width_ratio", type=float, default=None, help="(default: the height's)")
     group.add_argument("--no_standard_prediction", action="store_true", help="no whole-image pass beside the tiles")
-    group.add_argument("--postprocess_type", default="GREEDYNMM", choices=("GREEDYNMM", "NMM", "NMS"))
-    group.add_argument("--postprocess_match_metric", default="IOS", choices=("IOS", "IOU"))
-    group.add_argument("--postprocess_match_threshold", type=float, default=0.5)
+    group.add_argument("--postprocess_type", default=default["postprocess_type"], choices=get_args(Postprocess))
+    group.add_argument(
+        "--postprocess_match_metric", default=default["postprocess_match_metric"], choices=get_args(MatchMetric)
+    )
+    group.add_argument("--postprocess_match_threshold", type=float, default=default["postprocess_match_threshold"])
     group.add_argument("--postprocess_class_agnostic", action="store_true", help="merge across classes")
-    group.add_argument("--confidence_threshold", type=float, default=0.3, help="tiles' predictions below it dropped")
-    group.add_argument("--slice_batch_size", type=int, default=16, help="tiles run through the model at once")
+    group.add_argument(
+        "--confidence_threshold",
+        type=float,
+        default=default["confidence_threshold"],
+        help="tiles' predictions below it dropped",
+    )
+    group.add_argument(
+        "--slice_batch_size", type=int, default=default["batch_size"], help="tiles run through the model at once"
+    )
 
 
 def slicing_from_args(args: Any) -> Slicing | None:
