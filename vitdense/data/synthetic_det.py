@@ -120,6 +120,9 @@ class SyntheticDetectionDataModule(WrittenOnFirstUse, COCODataModule):
         max_size: bound of the longest side in training and evaluation (None: img_size, so
             every image fits in an img_size square; evaluation resizes the shortest side to
             img_size unless that bound is hit).
+        square_resize: RF-DETR's square resize instead (training images S x S, S from
+            `scales`; evaluation img_size x img_size): a batch then holds at most
+            len(scales) sizes, which a hybrid stem encodes in as many calls.
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
@@ -136,6 +139,7 @@ class SyntheticDetectionDataModule(WrittenOnFirstUse, COCODataModule):
         seed: int = 0,
         scales: list[int] | None = None,
         max_size: int | None = None,
+        square_resize: bool = False,
         loader: LoaderConfig = SYNTHETIC_DET_LOADER,
         backbone: str | None = None,
         mean: Triple | None = None,
@@ -165,6 +169,7 @@ class SyntheticDetectionDataModule(WrittenOnFirstUse, COCODataModule):
             crop_scales=[round(0.8 * img_size)],
             crop_size=(round(0.5 * img_size), round(0.8 * img_size)),
             eval_short_side=img_size,
+            square_resize=square_resize,
             loader=loader,
             backbone=backbone,
             mean=mean,
