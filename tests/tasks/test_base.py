@@ -1,6 +1,7 @@
 """The BaseTask contract: named loss terms, the stage in every hook, epoch-end summaries,
 opt-in training metrics, injected heads, schedules in steps or epochs."""
 
+import warnings
 from functools import partial
 from typing import Any
 
@@ -211,6 +212,32 @@ def test_clipping_by_norm_under_fsdp_uses_fsdps_own_norm():
     lightning_clipping.assert_called_once()  # by value: Lightning's own (elementwise, per shard is right)
     assert root.clip_grad_norm_.call_count == 1
 
+
+
+def clipped_bf16_fit(fused: bool, clip: float | None) -> list[torch.Tensor]:
+    """The parameters after 2 bf16-mixed steps of AdamW (fused or not), clipped at `clip`."""
+    torch.manual_seed(0)
+    task = TwoTermTask()
+    task.optimizer = lambda params: torch.optim.AdamW(params, lr=1e-2, fused=fused)
+    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=2, loader=LoaderConfig(batch_size=4))
+    trainer = L.Trainer(
+        accelerator="cpu", precision="bf16-mixed", max_steps=2, gradient_clip_val=clip, limit_val_batches=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 on a CPU without it: slow, said once; fine for 2 tiny steps
+        trainer.fit(task, datamodule=data)
+    return [p.detach().clone() for p in task.parameters()]
+
+
+def test_a_fused_optimizer_clips_under_bf16():
+    """Lightning refuses clipping with a fused optimizer under any mixed precision (its issue
+    #21435); bf16 has no gradient scaler, so vitdense clips as Lightning does in fp32: the
+    same steps as the unfused optimizer, and clipped (not the unclipped steps)."""
+    fused = clipped_bf16_fit(True, 1e-3)
+    for a, b in zip(fused, clipped_bf16_fit(False, 1e-3), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert any((a - b).abs().max() > 1e-4 for a, b in zip(fused, clipped_bf16_fit(True, None), strict=True))
 
 @pytest.mark.parametrize("where", ["vitdense.checkpoint", "vitdense.tasks.base"])
 def test_head_specs_pickled_where_they_lived_still_load(where, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """How a task's model runs under the trainer: compiled when asked (`torch.compile`, where
-this machine can), and clipped by the norm over every shard under FSDP. `BaseTask` takes
-Lightning's two hooks for it from `RunsOnTrainer`."""
+this machine can), clipped by the norm over every shard under FSDP, and clipped with a fused
+optimizer under bf16 autocast. `BaseTask` takes Lightning's two hooks for it from
+`RunsOnTrainer`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import sys
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType, rank_zero_warn
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDPModule
 
 
@@ -40,12 +42,23 @@ class RunsOnTrainer:
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Lightning's clipping, except by norm under FSDP, which Lightning refuses: there the
-        root FSDP module's own `clip_grad_norm_` clips by the norm over every shard (torch's
-        `clip_grad_norm_` would see only this process's shard)."""
+        """Lightning's clipping, except where Lightning refuses it:
+
+        - by norm under FSDP: the root FSDP module's own `clip_grad_norm_` clips by the norm
+          over every shard (torch's `clip_grad_norm_` would see only this process's shard);
+        - a fused optimizer (`fused: true`) under bf16-mixed: Lightning refuses any mixed
+          precision there because a fused step unscales fp16 gradients itself, but bf16 has
+          no gradient scaler, so there is nothing to unscale and clipping is plain clipping
+          (Lightning issue #21435; fp16 with a scaler is still refused by Lightning).
+        """
         root = self._trainer.strategy.model if self._trainer is not None else None
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and isinstance(root, FSDPModule):
             root.clip_grad_norm_(gradient_clip_val)
+            return
+        precision = self._trainer.precision_plugin if self._trainer is not None else None
+        if gradient_clip_val and isinstance(precision, MixedPrecision) and precision.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(precision, optimizer, gradient_clip_val, algorithm)  # what Lightning does unmixed
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
