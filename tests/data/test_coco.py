@@ -172,13 +172,17 @@ def test_square_resize_is_rf_detrs(tmp_path):
     np.testing.assert_allclose(got[np.lexsort(got.T[::-1])], expected[np.lexsort(expected.T[::-1])], atol=1e-5)
 
 
-
 def test_synthetic_data_takes_the_square_resize(tmp_path):
     """The synthetic detection data (whose images are not square) passes `square_resize` on:
     training images are S x S for S in its scales, a batch holds no other sizes, evaluation
     is img_size x img_size; without it, shortest-side resizes keep each image's shape."""
     dm = SyntheticDetectionDataModule(
-        root=str(tmp_path), img_size=32, train_size=12, val_size=3, square_resize=True, loader=LoaderConfig(batch_size=12)
+        root=str(tmp_path),
+        img_size=32,
+        train_size=12,
+        val_size=3,
+        square_resize=True,
+        loader=LoaderConfig(batch_size=12),
     )
     dm.prepare_data()
     dm.setup("fit")
@@ -188,6 +192,7 @@ def test_synthetic_data_takes_the_square_resize(tmp_path):
     kept = SyntheticDetectionDataModule(root=str(tmp_path), img_size=32, train_size=12, val_size=3)
     kept.setup("validate")
     assert {tuple(s) for s in next(iter(kept.val_dataloader())).image_sizes.sizes} != {(32, 32)}
+
 
 def test_detr_resize_rule():
     assert short_side_size(480, 640, 800, 1333) == (800, 1066)

@@ -213,7 +213,6 @@ def test_clipping_by_norm_under_fsdp_uses_fsdps_own_norm():
     assert root.clip_grad_norm_.call_count == 1
 
 
-
 def clipped_bf16_fit(fused: bool, clip: float | None) -> list[torch.Tensor]:
     """The parameters after 2 bf16-mixed steps of AdamW (fused or not), clipped at `clip`."""
     torch.manual_seed(0)
@@ -238,6 +237,7 @@ def test_a_fused_optimizer_clips_under_bf16():
     for a, b in zip(fused, clipped_bf16_fit(False, 1e-3), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert any((a - b).abs().max() > 1e-4 for a, b in zip(fused, clipped_bf16_fit(True, None), strict=True))
+
 
 @pytest.mark.parametrize("where", ["vitdense.checkpoint", "vitdense.tasks.base"])
 def test_head_specs_pickled_where_they_lived_still_load(where, tmp_path, monkeypatch):
