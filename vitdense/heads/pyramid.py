@@ -115,8 +115,9 @@ class MultiLevelProjector(nn.Module):
     Args:
         embed_dim: D of the backbone.
         out_dim: channels of every level (the decoder width).
-        feature_indexes: the blocks read (RF-DETR: (2, 5, 8, 11) for ViT-S/B's 12 blocks;
-            LW-DETR-tiny reads every other); the detector asks the backbone for them,
+        feature_indexes: the blocks read, 0-based (RF-DETR nano to medium: (2, 5, 8, 11),
+            its `out_feature_indexes` 3, 6, 9, 12 being 1-based stages; its base: (1, 4, 7,
+            10) from 2, 5, 8, 11; LW-DETR-tiny reads every other); the detector asks the backbone for them,
             normalised by its final norm (as RF-DETR's DINOv2 backbone returns them).
         scale_factors: output levels relative to the ViT's stride (RF-DETR base: (1.0,),
             its large: (2.0, 0.5), LW-DETR: (2.0, 1.0, 0.5)).
