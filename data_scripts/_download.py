@@ -338,13 +338,44 @@ def extract_tar(tar: tarfile.TarFile, out: Path, label: str, rename: Callable[[s
     return count
 
 
-def check_zip(archive: zipfile.ZipFile, out: Path, label: str) -> None:
-    """Raise UnsafeArchiveError naming `label` and the member if a member's path is absolute or climbs out."""
+def check_zip(
+    archive: zipfile.ZipFile, out: Path, label: str, rename: Callable[[str], str | None] | None = None
+) -> None:
+    """Raise UnsafeArchiveError naming `label` and the member if a member's path is absolute or climbs out
+    (with `rename`, the renamed path of each file too)."""
     root = posixpath.normpath(out.resolve().as_posix())
-    for name in archive.namelist():
-        problem = _path_problem(name, root)
+    for info in archive.infolist():
+        problem = _path_problem(info.filename, root)
+        new_name = rename(info.filename) if rename and not info.is_dir() else None
+        if problem is None and new_name is not None:
+            problem = _path_problem(new_name, root)
         if problem:
-            raise _refusal(label, name, problem, out)
+            raise _refusal(label, info.filename, problem, out)
+
+
+def extract_zip(archive: Path, out: Path, rename: Callable[[str], str | None] | None = None) -> int:
+    """Check every member of the zip `archive` (check_zip), then extract it into `out`; returns the
+    number of members written.
+
+    `rename` maps a file's name to the path it gets under `out` (None: skip it); folders are then
+    created as their files need them (as extract_tar's `rename`)."""
+    with zipfile.ZipFile(archive) as zf:
+        check_zip(zf, out, str(archive), rename)
+        out.mkdir(parents=True, exist_ok=True)
+        if rename is None:
+            zf.extractall(out)
+            return len(zf.namelist())
+        count = 0
+        for info in zf.infolist():
+            new_name = None if info.is_dir() else rename(info.filename)
+            if new_name is None:
+                continue
+            target = out / new_name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+            count += 1
+        return count
 
 
 def extract(archive: Path, out: Path) -> int:
@@ -356,11 +387,7 @@ def extract(archive: Path, out: Path) -> int:
     """
     print(f"extracting {archive} -> {out}", file=sys.stderr)
     if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            check_zip(zf, out, str(archive))
-            out.mkdir(parents=True, exist_ok=True)
-            zf.extractall(out)
-            return len(zf.namelist())
+        return extract_zip(archive, out)
     if tarfile.is_tarfile(archive):
         with tarfile.open(archive) as tf:
             return extract_tar(tf, out, str(archive))

@@ -137,6 +137,18 @@ def test_safe_archive_with_inner_links_extracts(tmp_path):
     assert _download.extract(zipped, out) == 3 and (out / "top" / "y.txt").read_text() == "y"
 
 
+def test_zip_rename_keeps_what_it_names_and_refuses_a_name_that_climbs_out(tmp_path):
+    zipped = make_zip(tmp_path / "a.zip", {"train/": b"", "train/d/x.txt": b"x", "train/d/y.bin": b"y"})
+    out = tmp_path / "out"
+    keep = _download.extract_zip(
+        zipped, out, lambda name: name.removeprefix("train/") if name.endswith(".txt") else None
+    )
+    assert keep == 1 and sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["d", "d/x.txt"]
+    with pytest.raises(_download.UnsafeArchiveError, match=r"a\.zip: member 'train/d/x.txt' climbs out"):
+        _download.extract_zip(zipped, tmp_path / "out2", lambda name: "../" + name)
+    assert not (tmp_path / "out2").exists() and not (tmp_path / "train").exists()
+
+
 def test_neither_zip_nor_tar(tmp_path):
     (tmp_path / "x.zip").write_bytes(b"not an archive")
     with pytest.raises(_download.DataScriptError, match=r"x\.zip: neither a zip nor a tar"):
