@@ -440,16 +440,16 @@ class NYUDepthDataModule(DepthDataModule):
 
 
 class KITTIDepthDataModule(DepthDataModule):
-    """KITTI's Eigen split as BTS lays it out (no vitdense script yet: BTS's README lists the
-    KITTI raw and depth-annotation archives and its split files): raw images
-    under `raw/`, the annotated depth (`data_depth_annotated`, value / 256 = m) under
-    `data_depth_annotated/`, BTS's split files (lines without ground truth left out and
-    counted); KITTI's benchmark crop of every image, BTS's KITTI augmentation (352 x 704
-    crops, ±1°, brightness 0.9-1.1). Evaluate with the task's `crop: garg`, max depth 80."""
+    """KITTI's Eigen split as BTS lays it out (`data_scripts/kitti_depth.py`; `--test-only` for
+    the test split's drives alone): raw images (the left colour camera, `image_02`) under
+    `raw/`, the annotated depth (`data_depth_annotated`, value / 256 = m, its train/ and val/
+    merged) under `data_depth_annotated/`, BTS's split files (lines without ground truth left
+    out and counted); KITTI's benchmark crop of every image, BTS's KITTI augmentation (352 x
+    704 crops, ±1°, brightness 0.9-1.1). Evaluate with the task's `crop: garg`, max depth 80."""
 
     layout_help = (
-        "lay out KITTI as BTS does: raw/ (KITTI raw data), data_depth_annotated/ (KITTI's depth annotations) "
-        "and BTS's eigen_*_files_with_gt.txt split files (github.com/cleinc/bts, train_test_inputs/)"
+        "run data_scripts/kitti_depth.py (raw/ with KITTI's raw data, data_depth_annotated/ with KITTI's "
+        "depth annotations, and BTS's eigen_*_files_with_gt.txt split files)"
     )
 
     def __init__(
