@@ -283,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {written} files", file=sys.stderr)
             problems = check([archive])
             if problems:
-                raise DataScriptError(f"{path}: extracted, but {problems[0]}; is it KITTI's archive?")
+                raise DataScriptError(
+                    f"{path}: extracted, but {problems[0]}; it is not KITTI's archive or is damaged (no checksum "
+                    "is published to tell): delete it and run the script again"
+                )
             # recorded and deleted one by one: a later failure does not cost this download again
             write_marker(args.out, DATASET, [archive], {})
             if not args.keep_archives:

@@ -134,6 +134,23 @@ def test_test_only_downloads_only_the_test_drives(served, server, tmp_path, caps
     assert "eigen_train_files_with_gt.txt: missing split file" in capsys.readouterr().err
 
 
+def test_an_archive_short_of_listed_frames_stops_the_run_and_finished_ones_are_not_fetched_again(
+    served, server, tmp_path, capsys
+):
+    script, out = served, tmp_path / "kitti"
+    good = (server.root / f"{TEST_DRIVE}.zip").read_bytes()
+    make_zip(server.root / f"{TEST_DRIVE}.zip", {f"2011_09_26/{TEST_DRIVE}/image_02/data/{69:010d}.png": png(rgb(69))})
+    assert script.main(["--out", str(out), "--base-url", server.url]) == 1
+    frame = f"raw/2011_09_26/{TEST_DRIVE}/image_02/data/{75:010d}.png"
+    assert f"1 of 2 listed files missing: {frame}" in capsys.readouterr().err
+    assert not (out / f"{TRAIN_DRIVE}.zip").exists() and (out / f"{TEST_DRIVE}.zip").exists()  # kept to look at
+    (server.root / f"{TEST_DRIVE}.zip").write_bytes(good)
+    (out / f"{TEST_DRIVE}.zip").unlink()  # as the error says
+    server.requests.clear()
+    assert script.main(["--out", str(out), "--base-url", server.url]) == 0
+    assert fetched(server) == {f"{TEST_DRIVE}.zip"}  # the annotated depth and the training drive were recorded
+
+
 def test_help_says_where_each_file_comes_from_and_that_kitti_publishes_no_checksum():
     text = help_text("kitti_depth")
     for expected in ("data_depth_annotated.zip", "_sync.zip", "5e3406b", "--test-only", "cvlibs.net", "CC BY-NC-SA"):
