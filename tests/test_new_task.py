@@ -1,14 +1,13 @@
 """A task defined outside vitdense (README's "How to add a task" example, with its own
-prediction and result types) runs through fit, `predict` (files), `vitdense.load`, export
-(ONNX) and the server's API with no change inside the package: the one-declaration
-contract of `vitdense.results`."""
+prediction and result types) runs through fit, `predict` (files) and `vitdense.load` with
+no change inside the package: the one-declaration contract of `vitdense.results`. The real
+`export` and `serve` commands run a second such task in `tests/test_task_contract.py`."""
 
 import csv
 import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import vitdense
@@ -64,30 +63,3 @@ def test_predict_writes_the_tasks_table(fitted, tmp_path):
     for row in rows:  # the command line's numbers are the predictor's
         assert row["class"] == by_path[row["path"]].name
         assert float(row["score"]) == pytest.approx(by_path[row["path"]].score, abs=2e-6)
-
-
-def test_export_and_serve_take_it_unchanged(fitted, tmp_path):
-    import onnxruntime
-
-    from vitdense.export import export_checkpoint
-    from vitdense.serve import PredictorAPI
-
-    _, ckpt, photos = fitted
-    path, traced, outputs = export_checkpoint(ckpt, "onnx", tmp_path / "f1.onnx")
-    assert outputs == ["probs"]
-    pixels = np.asarray(Image.open(photos / "a.jpg").convert("RGB"))
-    predictor = vitdense.load(ckpt)
-    expected = predictor(pixels)
-    image = predictor.data.preprocess(pixels)  # normalised [3, 32, 32]: back to 0..255 for the graph
-    mean, std = torch.tensor(predictor.data.preprocess.mean), torch.tensor(predictor.data.preprocess.std)
-    raw = (image * std[:, None, None] + mean[:, None, None]) * 255
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (probs,) = session.run(None, {"images": raw[None].numpy()})
-    assert int(probs.argmax()) == expected.label and float(probs.max()) == pytest.approx(expected.score, abs=1e-4)
-
-    api = PredictorAPI(ckpt, max_batch_size=2)  # the server's own decode -> predict -> encode
-    api.setup("cpu")
-    request = {"image": __import__("base64").b64encode((photos / "a.jpg").read_bytes()).decode()}
-    answer = api.encode_response(api.predict([api.decode_request(request)])[0])
-    assert answer["task"] == "f1" and answer["class"] == expected.label
-    assert answer["score"] == pytest.approx(expected.score, abs=1e-6)

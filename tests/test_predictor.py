@@ -58,6 +58,7 @@ def test_classification_equals_the_command_line(predicted):
         assert result.names == [row[f"class_{i}"] for i in range(1, 5)]
         np.testing.assert_allclose(result.probs, [float(row[f"prob_{i}"]) for i in range(1, 5)], atol=2e-6)
         assert result.size == UPRIGHT[Path(row["path"]).relative_to(photos).as_posix()]
+        assert (int(row["height"]), int(row["width"])) == result.size  # the image's, not the model's input
 
 
 def test_segmentation_equals_the_command_line(predicted):

@@ -4,6 +4,7 @@ bad request gets its own 4xx with a message, and the server keeps answering; it 
 127.0.0.1 only and wants the key everywhere but /health."""
 
 import base64
+import contextlib
 import http.client
 import io
 import json
@@ -16,6 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,40 +41,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def running_server(ckpt, log_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`python -m vitdense serve --ckpt_path=<ckpt> <args>` on a free port, logging to
+    `log_path`, until the block ends (then stopped with its worker processes): its base URL."""
+    port = free_port()
+    command = [sys.executable, "-m", "vitdense", "serve", f"--ckpt_path={ckpt}", f"--port={port}", *args]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + START_TIMEOUT
+            while True:
+                if process.poll() is not None:
+                    pytest.fail(f"the server exited ({process.returncode}): {log_path.read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the server did not start in {START_TIMEOUT} s: {log_path.read_text()[-3000:]}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)  # the server and its worker processes
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def server_process(trained, tmp_path_factory):
     """The detection demo checkpoint served on a free port, with no `--host` (the default) and
     the key `KEY` in LIT_SERVER_API_KEY: (its base URL, its log file)."""
     _, ckpt = trained["det"]
-    port = free_port()
-    log = (tmp_path_factory.mktemp("serve") / "server.log").open("w")
-    command = [sys.executable, "-m", "vitdense", "serve", f"--ckpt_path={ckpt}"]
-    command += [f"--port={port}", f"--max_bytes={MAX_BYTES}", f"--max_pixels={MAX_PIXELS}", "--max_batch_size=8"]
-    env = {**os.environ, "LIT_SERVER_API_KEY": KEY}
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"the server exited ({process.returncode}): {open(log.name).read()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not start in {START_TIMEOUT} s: {open(log.name).read()[-3000:]}")
-            time.sleep(0.5)
-        yield url, Path(log.name)
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)  # the server and its worker processes
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-        log.close()
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    limits = [f"--max_bytes={MAX_BYTES}", f"--max_pixels={MAX_PIXELS}", "--max_batch_size=8"]
+    with running_server(ckpt, log, *limits, env={"LIT_SERVER_API_KEY": KEY}) as url:
+        yield url, log
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
+from vitdense.data.images import image_size
 from vitdense.preprocess import LabelInfo
 from vitdense.results import ResultContext, WriteOptions
 
@@ -215,11 +216,11 @@ class ResultWriter(BasePredictionWriter):
         if prediction is None:  # a batch whose every image was skipped (on_bad_sample=skip)
             return
         dataset = predicted_dataset(trainer, dataloader_idx)
-        indexes = prediction.index.tolist()
+        indexes = batch_indexes(batch, batch_indices)
         context = ResultContext(
             class_names=pl_module.class_names,
             labels=labels_of(trainer.datamodule, dataset),
-            sizes=original_sizes(batch),
+            sizes=original_sizes(batch, dataset, indexes),
             sources=[str(p) if (p := sample_path(dataset, i)) is not None else None for i in indexes],
             indexes=indexes,
             image_ids=[dataset_image_id(dataset, i) for i in indexes],
@@ -250,7 +251,7 @@ class ResultWriter(BasePredictionWriter):
 
 class TopKPredictionWriter(ResultWriter):
     """The table of what is predicted (classification: the top-k classes of every image as
-    CSV, `index`, `path`, `class_1, prob_1, ...`) at `output_file`; no per-image files."""
+    CSV, `index`, `path`, `height`, `width`, `class_1, prob_1, ...`) at `output_file`; no per-image files."""
 
     def __init__(self, output_file: str = "predictions.csv") -> None:
         super().__init__(output_dir=None, table_file=output_file)
@@ -311,14 +312,45 @@ def sample_path(dataset: Any, index: int) -> Path | None:
     return None
 
 
-def original_sizes(batch: Any) -> list[tuple[int, int]]:
-    """Each image's (H0, W0) as given, as far as the batch says: detection's `orig_sizes`,
-    segmentation's label-map sizes, else the sizes the model saw."""
-    if getattr(batch, "orig_sizes", None) is not None:
-        return [tuple(s) for s in batch.orig_sizes]
-    sizes = getattr(batch, "mask_sizes", None) or getattr(batch, "image_sizes", None)
+def field(value: Any, name: str) -> Any:
+    """`value.name` when it is a field of data, else None (a NamedTuple without an `index`
+    field still has the tuple's own `index` method)."""
+    found = getattr(value, name, None)
+    return None if callable(found) and not isinstance(found, torch.Tensor) else found
+
+
+def batch_indexes(batch: Any, batch_indices: Any) -> list[int]:
+    """Each predicted image's position in the dataset: the batch's `index` (every vitdense
+    sample type has one, and it stays right when bad samples were skipped), else the
+    positions Lightning's sampler drew (`batch_indices`)."""
+    index = field(batch, "index")
+    if index is not None:
+        return [int(i) for i in (index.tolist() if isinstance(index, torch.Tensor) else index)]
+    if batch_indices is None or not len(batch_indices):
+        raise TypeError(
+            f"predict: the batch ({type(batch).__name__}) has no index field and the loader's sampler gave no "
+            "positions; give the task's predict_sample's samples an index (the `index` argument)"
+        )
+    return [int(i) for i in batch_indices]
+
+
+def original_sizes(batch: Any, dataset: Any = None, indexes: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Each image's (H0, W0) as given: what the batch says its predictions are made at
+    (detection's and sliced images' `orig_sizes`, segmentation's and depth's label-map
+    sizes), else the image file's own size (upright; read from its header), else, for
+    images held in memory without one, the size the model saw."""
+    sizes = field(batch, "orig_sizes")
     if sizes is not None:
-        return [tuple(s) for s in sizes.sizes]
+        return [(int(h), int(w)) for h, w in sizes]
+    for name in ("mask_sizes", "depth_sizes"):
+        if (given := field(batch, name)) is not None and not isinstance(given, tuple):
+            return [tuple(s) for s in given.sizes]
+    paths = [sample_path(dataset, i) for i in indexes] if dataset is not None else []
+    if paths and all(p is not None for p in paths):
+        return [image_size(p) for p in paths]
+    given = field(batch, "image_sizes")
+    if given is not None and not isinstance(given, tuple):
+        return [tuple(s) for s in given.sizes]
     return [tuple(batch.image.shape[-2:])] * len(batch.image)
 
 

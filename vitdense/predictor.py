@@ -44,7 +44,7 @@ from vitdense.data.collate import pad_collate
 from vitdense.data.images import apply_orientation, decode_image, find_images, orientation, to_rgb8
 from vitdense.errors import ConfigError, DataError
 from vitdense.precision import resolve_precision
-from vitdense.preprocess import InferenceData
+from vitdense.preprocess import InferenceData, PredictSample
 from vitdense.results import Result, ResultContext
 from vitdense.slicing import SlicedImage, Slicing, check_checkpoint_sliceable, check_sliceable
 
@@ -242,7 +242,7 @@ class Predictor:
 
     def sample(self, pixels: np.ndarray, index: int) -> Any:
         """The task's sample of one image ([H, W, 3] uint8), preprocessed."""
-        return self.task.predict_sample(self.data.preprocess(pixels), pixels.shape[:2], index)
+        return PredictSample(self.task.predict_sample, self.data.preprocess)(pixels, index)
 
     @torch.inference_mode()
     def predict_batch(self, images: Sequence[tuple[np.ndarray, str | None]]) -> list[Result]:

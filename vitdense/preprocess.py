@@ -212,3 +212,24 @@ class InferenceData:
         preprocess = getattr(datamodule, "preprocess", None)
         made = preprocess() if callable(preprocess) else None
         return cls(made, LabelInfo.of(datamodule)) if made is not None else None
+
+
+@dataclass(frozen=True)
+class PredictSample:
+    """An image to predict on as its task takes it: `make(preprocess(pixels), (H0, W0),
+    index)`, where `make` is the task's `predict_sample` and (H0, W0) the image's own size.
+    The one route from pixels to a sample, for `vitdense.load` and for `python -m vitdense
+    predict` on a folder alike, so that a task predicting on a sample of its own kind gets
+    it from both (a dataclass of a bound method and plain data: it pickles into loader
+    workers).
+
+    Args:
+        make: `make(image [3, H, W] preprocessed, (H0, W0), index)` -> the sample.
+        preprocess: the evaluation preprocessing ([H, W, 3] uint8 -> [3, H', W'] float).
+    """
+
+    make: Any
+    preprocess: Any
+
+    def __call__(self, pixels: np.ndarray, index: int) -> Any:
+        return self.make(self.preprocess(pixels), tuple(pixels.shape[:2]), index)

@@ -199,8 +199,10 @@ class ClassificationResult(Origin):
         return {"task": "classification", "size": list(self.size), "source": self.source, "top_k": top}
 
     def rows(self) -> list[dict[str, Any]]:
-        """One CSV row: the image's index in its dataset, its file, then class_i, prob_i."""
+        """One CSV row: the image's index in its dataset, its file, its height and width as
+        given, then class_i, prob_i."""
         row: dict[str, Any] = {"index": self.index if self.index is not None else -1, "path": self.source or ""}
+        row["height"], row["width"] = self.size
         for i, (name, prob) in enumerate(zip(self.names, self.probs, strict=True), 1):
             row[f"class_{i}"], row[f"prob_{i}"] = name, f"{prob:.6f}"
         return [row]

@@ -251,3 +251,24 @@ def test_head_specs_pickled_where_they_lived_still_load(where, tmp_path, monkeyp
     assert f"{where}\nHeadSpec".encode() in (tmp_path / "old.ckpt").read_bytes()  # pickled under the old name
     monkeypatch.undo()
     assert torch.load(tmp_path / "old.ckpt", weights_only=True)["head"] == spec
+
+
+def test_a_setup_that_forgets_the_base_is_refused_before_training():
+    """A task whose `setup` does not call `super().setup(stage)` never loads its pretrained
+    weights: refused when the loop starts, not trained from random weights without a word."""
+    from vitdense.errors import ConfigError
+    from vitdense.tasks import ClassificationTask
+
+    class Forgetful(ClassificationTask):
+        def prepare_data(self) -> None:  # (no hub here: the weights would be fetched first)
+            pass
+
+        def setup(self, stage: str) -> None:
+            self.ready = True  # its own set-up, without the base's
+
+    pretrained = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1}, pretrained=True)
+    task = Forgetful(num_classes=4, backbone=pretrained)
+    data = SyntheticClassificationDataModule(img_size=32, train_size=4, val_size=2, loader=LoaderConfig(batch_size=2))
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ConfigError, match=r"setup\(\) must call super\(\).setup\(stage\)"):
+        trainer.fit(task, data)

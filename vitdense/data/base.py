@@ -38,7 +38,7 @@ from vitdense.data.samplers import (
 )
 from vitdense.data.transforms import process_seed, resolve_normalization, seed_worker_transforms
 from vitdense.errors import DataError
-from vitdense.preprocess import Preprocess
+from vitdense.preprocess import PredictSample, Preprocess
 from vitdense.slicing import SlicedImage, Slicing
 from vitdense.types import LabeledImages
 
@@ -406,12 +406,17 @@ class ImageDataModule(L.LightningDataModule):
         return None
 
     def predict_sample(self) -> Callable[[np.ndarray, int], Any]:
-        """`f(image [H, W, 3] uint8, index)` -> the unlabelled sample (`sample_type`) this
-        DataModule's task predicts on, preprocessed as in evaluation (`predict_dir`)."""
+        """`f(image [H, W, 3] uint8, index)` -> the unlabelled sample `predict_dir`'s image
+        becomes, preprocessed as in evaluation: the task's own `predict_sample` (the trainer's
+        module), as `vitdense.load` makes it; without a task, this DataModule's `sample_type`."""
         preprocess = self.preprocess()
         if preprocess is None:
             raise NotImplementedError(f"{type(self).__name__} cannot predict on a folder of images (no preprocess)")
-        return partial(unlabeled_sample, self.sample_type.unlabeled, preprocess, self.ignore_index)
+        task = self.trainer.lightning_module if self.trainer is not None else None
+        make = getattr(task, "predict_sample", None)
+        if make is None:
+            make = partial(unlabeled, self.sample_type.unlabeled, ignore_index=self.ignore_index)
+        return PredictSample(make, preprocess)
 
     def _loader(self, dataset: Dataset | None, split: str) -> DataLoader:
         if dataset is None:
@@ -451,8 +456,8 @@ class ImageDataModule(L.LightningDataModule):
 torch.serialization.add_safe_globals([LoaderConfig])
 
 
-def unlabeled_sample(
-    make: Callable[..., Any], preprocess: Preprocess, ignore_index: int, image: np.ndarray, index: int
+def unlabeled(
+    make: Callable[..., Any], image: torch.Tensor, size: tuple[int, int], index: int, ignore_index: int
 ) -> Any:
-    """`make(preprocess(image), (H0, W0), index, ignore_index)`: an image to predict on."""
-    return make(preprocess(image), image.shape[:2], index, ignore_index)
+    """`make(image, size, index, ignore_index)`: a `sample_type.unlabeled` in `predict_sample`'s form."""
+    return make(image, size, index, ignore_index)

@@ -110,6 +110,22 @@ def read_image(path: str | Path) -> tuple[np.ndarray, int]:
         raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
 
 
+def image_size(path: str | Path) -> tuple[int, int]:
+    """(H, W) of an image file as `decode_image` returns it (upright by its EXIF orientation),
+    read from the header alone (nothing is decoded).
+
+    Raises:
+        DataError: the file is not an image Pillow reads.
+    """
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+            turned = orientation(img) in (5, 6, 7, 8)  # transposed or rotated a quarter turn
+    except _UNREADABLE as err:
+        raise DataError(f"{path}: corrupt or unreadable image ({err}); replace or delete the file") from err
+    return (width, height) if turned else (height, width)
+
+
 #: what Pillow raises for bytes that are not a whole image it can read
 _UNREADABLE = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 

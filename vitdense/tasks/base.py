@@ -49,7 +49,7 @@ from vitdense.metrics import LossMeans
 from vitdense.models import ImageClassifier
 from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, param_groups, resolve_schedules
 from vitdense.tasks.predicting import PredictsResults
-from vitdense.tasks.pretrained import PretrainedBackbone
+from vitdense.tasks.pretrained import PretrainedBackbone, PretrainedLoaded
 from vitdense.tasks.running import RunsOnTrainer
 from vitdense.types import ImageSizes, Losses
 
@@ -255,9 +255,12 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         self._end_epoch("test")
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Skipped-sample counts, resume RNG state, the task's own prediction writer: see
-        `vitdense.callbacks.task_callbacks`. (vitdense's `Trainer` adds the pictures.)"""
-        return [] if self._trainer is None else task_callbacks(self._trainer, self.prediction_writer)
+        """Skipped-sample counts, resume RNG state, the task's own prediction writer (see
+        `vitdense.callbacks.task_callbacks`), and the check that pretrained weights were
+        loaded (`PretrainedLoaded`). (vitdense's `Trainer` adds the pictures.)"""
+        if self._trainer is None:
+            return []
+        return [*task_callbacks(self._trainer, self.prediction_writer), PretrainedLoaded()]
 
     # ------------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict:

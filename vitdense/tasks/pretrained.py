@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning as L
 from torch import nn
+
+from vitdense.errors import ConfigError
 
 
 def _mark_weights_loaded(module: nn.Module, incompatible_keys: Any) -> None:
@@ -59,3 +62,28 @@ class PretrainedBackbone:
     def setup(self, stage: str) -> None:
         if not self.pretrained_loaded and not restores_checkpoint(self.trainer):
             self.load_pretrained()
+
+
+class PretrainedLoaded(L.Callback):
+    """Refuses to run a task whose backbone still waits for its pretrained weights when the
+    loop starts: its class overrides `setup` without calling `super().setup(stage)`, which
+    loads them, and would otherwise train or predict from random weights without a word."""
+
+    def check(self, pl_module: L.LightningModule) -> None:
+        if not getattr(pl_module, "pretrained_loaded", True):
+            raise ConfigError(
+                f"{type(pl_module).__name__}: the backbone's pretrained weights were not loaded; its setup() must "
+                "call super().setup(stage), which loads them"
+            )
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(pl_module)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(pl_module)
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(pl_module)
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(pl_module)
