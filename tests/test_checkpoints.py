@@ -254,3 +254,33 @@ def test_predict_says_only_what_the_user_can_act_on(trained, tmp_path):
     assert "predictions go to" in out
     for noise in ("args parameter is intended", "Unable to serialize", "No seed found", "💡 Tip", "LeafSpec"):
         assert noise not in out, noise
+
+
+def test_settings_asked_for_at_predict_win_over_the_checkpoints(trained, tmp_path, monkeypatch, capsys):
+    """Detection's selection and cap, segmentation's test-time flip and windows given with
+    `--ckpt_path` are the ones used (Lightning's CLI puts a checkpoint's hyperparameters over
+    them); what the checkpoint fixed at training (classification's encoder) is refused by name."""
+    offline_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    photos = write_photos(tmp_path / "photos")
+    _, ckpt = trained["det"]
+    asked = ["--model.init_args.selection=top_k", "--model.init_args.top_k=2"]
+    cli = main(["predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={photos}", "--trainer.logger=false", *asked])
+    assert (cli.model.model.selection, cli.model.model.top_k) == ("top_k", 2)
+    found = json.loads((tmp_path / "predictions" / "detections.json").read_text())
+    assert max(sum(r["file_name"] == name for r in found) for name in PHOTOS) == 2  # two per image, no more
+
+    _, ckpt = trained["seg"]
+    one = tmp_path / "one"
+    one.mkdir()
+    Image.open(photos / "a.jpg").save(one / "a.png")
+    asked = ["--model.init_args.test_flip=true", "--model.init_args.window_batch_size=3"]
+    cli = main(["predict", f"--ckpt_path={ckpt}", f"--data.predict_dir={one}", "--trainer.logger=false", *asked])
+    assert (cli.model.test_flip, cli.model.window_batch_size) == (True, 3)
+
+    _, ckpt = trained["cls"]
+    with pytest.raises(SystemExit) as exit_info:
+        predict(ckpt, photos, "--model.init_args.backbone.name=vit_small_patch16_224")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "model.init_args.backbone.name='vit_small_patch16_224'" in err and "trained with 'vit_tiny" in err

@@ -18,6 +18,8 @@ fetched (works offline).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib
 import inspect
 import sys
@@ -30,7 +32,7 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vitdense.checkpoint import Checkpoint, load_checkpoint, locate
+from vitdense.checkpoint import CLASS_PATH_KEY, Checkpoint, load_checkpoint, locate
 from vitdense.cli_help import DESCRIPTION, HELP_ARGS, PROG, print_top_level_help
 from vitdense.data.base import loader_key_hint
 from vitdense.errors import CheckpointError, ConfigError, DataError, NonFiniteError
@@ -46,7 +48,7 @@ USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigErr
 #: `--ckpt_path` values Lightning resolves itself (from the checkpoint callbacks)
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
 #: what the data decides and a checkpoint restores when the config leaves it unset
-DATA_DECIDED = ("mean", "std", "categories", "classes")
+DATA_DECIDED = ("mean", "std", "categories", "thing_ids", "classes")
 
 
 def _is_file_path(ckpt_path: str | None) -> bool:
@@ -153,6 +155,8 @@ class VitDenseCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else None
+        #: the command line as the user gave it (before a checkpoint's config is added)
+        self._argv = list(argv or [])
         ckpt_path = _option(argv, "--ckpt_path") if argv and argv[0] in ("validate", "test", "predict") else None
         if _is_file_path(ckpt_path):
             self.checkpoint = Checkpoint(ckpt_path)
@@ -176,6 +180,48 @@ class VitDenseCLI(LightningCLI):
         if self.checkpoint is not None:
             self._check_against_checkpoint()
         self._check_ckpt_path()
+
+    def _parse_ckpt_path(self) -> None:
+        """The checkpoint's recorded task settings, for what the user leaves unset.
+
+        Lightning's own `_parse_ckpt_path` puts them over the whole parsed configuration, so
+        that what a user asks for at `test` or `predict` (a crop, a depth cap, the kind of
+        segmentation) would be dropped without a word. Here what the user gives — in a
+        config file's `model` section or as `--model.…` — wins for the task's
+        `evaluation_settings`; a different value for any other recorded setting (the
+        architecture and the training, fixed once trained) is refused, naming the key."""
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else None
+        ckpt_path = config.get("ckpt_path") if config is not None else None
+        if not _is_file_path(ckpt_path) or not Path(ckpt_path).is_file():
+            return
+        if self.checkpoint is not None:
+            hparams = copy.deepcopy({CLASS_PATH_KEY: self.checkpoint.task_class, **self.checkpoint.task})
+        else:  # (fit resuming: a file _check_ckpt_path has loaded once already)
+            ckpt = load_checkpoint(ckpt_path)
+            hparams = dict(ckpt.get("hyper_parameters", {}) if isinstance(ckpt, dict) else {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        task_class = _import(hparams.get(CLASS_PATH_KEY)) or _import((config.get("model") or {}).get("class_path"))
+        changeable = set(getattr(task_class, "evaluation_settings", ()))
+        init = (config.get("model") or {}).get("init_args")
+        for key in sorted(_given_model_settings(self._argv)):
+            recorded = _lookup(hparams, key)
+            if init is None or recorded is _MISSING:
+                continue
+            given = _lookup(init, key)
+            if key.split(".")[0] in changeable:
+                _drop(hparams, key)  # the user's value stays in the configuration
+            elif given is not _MISSING and not _same_setting(key, given, recorded):
+                raise ConfigError(
+                    f"model.init_args.{key}={_plain(given)!r}: ckpt_path {ckpt_path} was trained with "
+                    f"{_plain(recorded)!r}, which cannot change after training; remove it (what may change at "
+                    f"{subcommand}: {', '.join(sorted(changeable)) or 'nothing'})"
+                )
+        if CLASS_PATH_KEY in hparams:
+            hparams = {"class_path": hparams.pop(CLASS_PATH_KEY), "dict_kwargs": hparams}
+        self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
 
     def _check_ckpt_path(self) -> None:
         """A `ckpt_path` of any subcommand (`fit` resumes from it), from the command line or a
@@ -305,6 +351,87 @@ def _init_defaults(class_path: str | None) -> dict[str, Any]:
 
 def _class_attribute(class_path: str | None, name: str) -> Any:
     return getattr(_import(class_path), name, None)
+
+
+#: a key a mapping does not have
+_MISSING = object()
+
+
+def _given_model_settings(argv: list[str]) -> set[str]:
+    """The task settings the user gave, as dotted names under the model's `init_args`
+    (`crop`, `backbone.name`, `head.init_args.num_layers`): a config file's `model` section
+    (or a `--model` file), and `--model.init_args.…` / `--model.…` on the command line."""
+    given: set[str] = set()
+    sections = [(yaml.safe_load(f.read_text()) or {}).get("model") for f in _config_files(argv)]
+    model_file = _option(argv, "--model")
+    if model_file is not None and Path(model_file).is_file():
+        sections.append(yaml.safe_load(Path(model_file).read_text()))
+    for section in sections:
+        if isinstance(section, dict):
+            init = {k: v for k, v in section.items() if k not in ("class_path", "init_args", "dict_kwargs")}
+            init.update(section.get("init_args") or {})
+            given |= set(_dotted(init))
+    for arg in argv:
+        if arg.startswith("--model."):
+            name = arg[len("--model.") :].split("=", 1)[0]
+            given.add(name.removeprefix("init_args."))
+    return given
+
+
+def _dotted(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted names of a nested mapping's leaves (`{"a": {"b": 1}}` -> ["a.b"])."""
+    names = []
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            names += _dotted(value, f"{prefix}{key}.")
+        else:
+            names.append(f"{prefix}{key}")
+    return names
+
+
+def _lookup(values: Any, dotted: str) -> Any:
+    """`values` at a dotted name, through mappings and namespaces; `_MISSING` where absent."""
+    for part in dotted.split("."):
+        if hasattr(values, "as_dict"):  # a jsonargparse Namespace
+            values = values.as_dict()
+        if not isinstance(values, dict) or part not in values:
+            return _MISSING
+        values = values[part]
+    return values
+
+
+def _drop(values: dict[str, Any], dotted: str) -> None:
+    """Remove a dotted name from a nested mapping (nothing if it is absent)."""
+    *parents, last = dotted.split(".")
+    for part in parents:
+        values = values.get(part) if isinstance(values, dict) else None
+    if isinstance(values, dict):
+        values.pop(last, None)
+
+
+def _plain(value: Any) -> Any:
+    """A setting as plain data, for comparing and for messages (namespaces, dataclasses and
+    tuples as dicts and lists)."""
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _same_setting(key: str, a: Any, b: Any) -> bool:
+    """The user's and the checkpoint's values of `key` say the same (a class path may name
+    its class through another module: `vitdense.heads.EoMTHead`, `vitdense.heads.eomt.EoMTHead`)."""
+    a, b = _plain(a), _plain(b)
+    if key.endswith("class_path") and isinstance(a, str) and isinstance(b, str):
+        return _same_class(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(_same_setting(f"{key}.{k}", a[k], b[k]) for k in a if k in b)
+    return a == b
 
 
 def _user_error(err: BaseException) -> BaseException | None:

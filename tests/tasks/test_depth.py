@@ -38,7 +38,7 @@ def task(**kwargs) -> DepthTask:
 def fitted(tmp_path_factory):
     """The demo's task, tiny, fitted for two steps through the CLI on the synthetic rooms: (root, checkpoint)."""
     root = tmp_path_factory.mktemp("depth")
-    config = root / "config.yaml"
+    config = root / "depth.yaml"  # (LightningCLI writes its own config.yaml beside)
     data = {
         "class_path": "vitdense.data.SyntheticDepthDataModule",
         "init_args": {
@@ -262,3 +262,30 @@ def test_dpt_hybrid_reads_the_resnet_stages():
         DepthTask(head=partial(head, out_channels=(256, 256, 16, 16)), backbone=hybrid)
     with pytest.raises(ConfigError, match="plain patch embedding"):
         DepthTask(head=head, backbone=TINY)
+
+
+def test_evaluation_settings_given_at_test_win_over_the_checkpoints(fitted, tmp_path, capsys):
+    """`test --config … --ckpt_path … --model.init_args.crop=garg` (or `max_depth=…`)
+    evaluates with those (Lightning's CLI would put the checkpoint's over them), from the
+    command line and from the YAML alike; a setting fixed at training is refused by name."""
+    root, ckpt = fitted
+    config = json.loads((root / "depth.yaml").read_text())
+    run = [f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"]
+    run += ["--trainer.enable_progress_bar=false"]
+    asked = ["--model.init_args.crop=garg", "--model.init_args.max_depth=0.5"]
+    cli = main(["test", f"--config={root / 'depth.yaml'}", *run, *asked])
+    assert (cli.model.crop, cli.model.max_depth) == ("garg", 0.5)
+    metric = cli.model.test_metrics["test/depth"]
+    assert (metric.crop, metric.max_depth) == ("garg", 0.5)  # the figures are computed with them
+
+    config["model"]["init_args"].update(crop="garg", png_scale=256.0)  # the same, written in the YAML
+    written = tmp_path / "eval.yaml"
+    written.write_text(json.dumps(config))
+    from_yaml = main(["test", f"--config={written}", *run])
+    assert (from_yaml.model.crop, from_yaml.model.png_scale) == ("garg", 256.0)
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", f"--config={root / 'depth.yaml'}", *run, "--model.init_args.output=inverse"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "model.init_args.output='inverse'" in err and "was trained with 'metric'" in err and "crop" in err

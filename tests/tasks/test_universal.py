@@ -15,7 +15,7 @@ from PIL import Image
 
 import vitdense
 from vitdense.cli import main
-from vitdense.data import LoaderConfig, SyntheticSegmentationDataModule
+from vitdense.data import LoaderConfig, SyntheticSegmentationDataModule, write_synthetic_panoptic
 from vitdense.data.collate import pad_collate
 from vitdense.errors import ConfigError
 from vitdense.heads.eomt import EoMTHead
@@ -155,8 +155,9 @@ DEMO = Path(__file__).parents[2] / "configs" / "demo_panoptic.yaml"
 
 
 def demo_config(root: Path, **trainer) -> Path:
-    """demo_panoptic.yaml at 32 px, 8 training images, a plain 4-block ViT with 8 x 8 patches
-    (the queries in the last 2), 8 queries, annealed within the run, fp32."""
+    """demo_panoptic.yaml at 32 px, 8 training images (read by `CocoPanopticDataModule`), a
+    plain 4-block ViT with 8 x 8 patches (the queries in the last 2), 8 queries, annealed
+    within the run, fp32."""
     cfg = yaml.safe_load(DEMO.read_text())
     settings = {"max_steps": 4, "precision": "32-true", "enable_progress_bar": False, "log_every_n_steps": 1}
     cfg["trainer"].update({**settings, "default_root_dir": str(root), **trainer})
@@ -174,8 +175,18 @@ def demo_config(root: Path, **trainer) -> Path:
     # (an export of the demo's own backbone takes a minute and a half on 2 cores)
     model["backbone"].update(name="vit_tiny_patch16_224", model_args={"depth": 4, "patch_size": 8})
     model["lr_scheduler"]["init_args"]["warmup_steps"] = 1
+    # the demo's shapes in COCO panoptic's files, read as a user's own COCO-format set is:
+    # CocoPanopticDataModule, the DataModule of eomt_coco_panoptic.yaml
+    data_root = root.parent / "synthetic_panoptic"
+    if not (data_root / "annotations" / "panoptic_val.json").is_file():
+        for split, size in (("train", 8), ("val", 3)):
+            write_synthetic_panoptic(data_root, split, size, img_size=32)
+    cfg["data"] = {"class_path": "vitdense.data.CocoPanopticDataModule", "init_args": {"root": str(data_root)}}
     data = cfg["data"]["init_args"]
-    data.update(root=str(root.parent / "synthetic_panoptic"), img_size=32, train_size=8, val_size=3)
+    for split in ("train", "val"):
+        data.update({f"{split}_images": split, f"{split}_annotations": f"annotations/panoptic_{split}.json"})
+        data[f"{split}_masks"] = f"annotations/panoptic_{split}"
+    data.update(img_size=32, eval_size=32, scale_range=[0.75, 1.25])  # SyntheticPanopticDataModule's
     data["loader"] = {"batch_size": 2, "num_workers": 0}
     path = root / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,24 +289,21 @@ def test_export_gives_the_eager_class_probabilities_and_masks(fitted, tmp_path):
 
 
 def test_instance_predictions_are_a_coco_results_file_cocoeval_reads(fitted, tmp_path):
-    """The same checkpoint asked for instances (a checkpoint's hyperparameters win over the
-    command line in Lightning's CLI, so from Python): `predict` writes a COCO results JSON
-    (RLE masks, the dataset's category ids) that pycocotools loads and evaluates."""
+    """The panoptic checkpoint asked for instances on the command line (`predict --config …
+    --ckpt_path … --model.init_args.segmentation=instance`: the user's setting wins over the
+    checkpoint's): `predict` writes a COCO results JSON (RLE masks, the dataset's category
+    ids) that pycocotools loads and evaluates, and no panoptic files."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from vitdense.callbacks import ResultWriter
-    from vitdense.data import SyntheticPanopticDataModule
-
     config, ckpt, _ = fitted
-    task = UniversalSegmentationTask.load_from_checkpoint(ckpt, segmentation="instance", weights_only=True)
+    run = [f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}", "--model.init_args.segmentation=instance"]
+    cli = main(["predict", "--config", str(config), *run])
+    assert cli.model.segmentation == "instance"
+    assert not (tmp_path / "predictions" / "panoptic.json").exists()
+    rows = json.loads((tmp_path / "predictions" / "instances.json").read_text())
+    assert rows and {"image_id", "category_id", "segmentation", "score"} <= rows[0].keys()
     data_args = yaml.safe_load(config.read_text())["data"]["init_args"]
-    data = SyntheticPanopticDataModule(**{**data_args, "loader": LoaderConfig(batch_size=2, num_workers=0)})
-    trainer = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[ResultWriter(str(tmp_path))])
-    data.setup("validate")
-    trainer.predict(task, dataloaders=data.val_dataloader(), return_predictions=False)
-    rows = json.loads((tmp_path / "instances.json").read_text())
-    assert rows and {"image_id", "category_id", "segmentation", "score", "bbox"} <= rows[0].keys()
     truth = json.loads((Path(data_args["root"]) / "annotations" / "panoptic_val.json").read_text())
     assert {r["image_id"] for r in rows} == {i["id"] for i in truth["images"]}
     assert {r["category_id"] for r in rows} <= {c["id"] for c in truth["categories"]}
@@ -304,6 +312,23 @@ def test_instance_predictions_are_a_coco_results_file_cocoeval_reads(fitted, tmp
     gt.dataset = {"images": images, "annotations": [], "categories": truth["categories"]}
     gt.createIndex()
     COCOeval(gt, gt.loadRes(rows), "segm").evaluate()  # reads every RLE at its image's size
+
+
+def test_a_setting_fixed_at_training_is_refused_at_predict(fitted, tmp_path, capsys):
+    config, ckpt, _ = fitted
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "predict",
+                "--config",
+                str(config),
+                f"--ckpt_path={ckpt}",
+                "--model.init_args.head.init_args.num_queries=4",
+            ]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "model.init_args.head.init_args.num_queries=4" in err and "was trained with 8" in err
 
 
 def test_a_killed_run_resumes_exactly(tmp_path):

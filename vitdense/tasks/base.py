@@ -81,6 +81,11 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
     mode: ClassVar[Literal["min", "max"]] = "min"
     #: also update and log the metrics on training batches (off: evaluation metrics only)
     log_train_metrics: ClassVar[bool] = False
+    #: settings (constructor arguments) that may differ from a checkpoint's at validate, test
+    #: and predict, where the user's value wins: how the model is evaluated and run, not what
+    #: it is (`python -m vitdense test --ckpt_path … --model.init_args.<name> …`); the CLI
+    #: refuses a different value for any other setting the checkpoint recorded
+    evaluation_settings: ClassVar[tuple[str, ...]] = ("compile",)
 
     def __init__(
         self,

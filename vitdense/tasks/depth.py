@@ -114,6 +114,7 @@ class DepthTask(BaseTask):
     result_type: ClassVar[type] = DepthResult
     monitor: ClassVar[str] = "val/abs_rel"
     mode: ClassVar[Literal["min", "max"]] = "min"
+    evaluation_settings: ClassVar[tuple[str, ...]] = ("compile", "min_depth", "max_depth", "crop", "png_scale")
 
     def __init__(
         self,

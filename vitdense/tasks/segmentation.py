@@ -65,6 +65,15 @@ class SegmentationTask(BaseTask):
     result_type: ClassVar[type] = SegmentationResult
     monitor: ClassVar[str] = "val/mIoU"
     mode: ClassVar[Literal["min", "max"]] = "max"
+    evaluation_settings: ClassVar[tuple[str, ...]] = (
+        "compile",
+        "window",
+        "val_stride",
+        "test_stride",
+        "test_scales",
+        "test_flip",
+        "window_batch_size",
+    )
 
     def __init__(
         self,

@@ -142,6 +142,17 @@ class UniversalSegmentationTask(BaseTask):
     """
 
     mode: ClassVar[Literal["min", "max"]] = "max"
+    evaluation_settings: ClassVar[tuple[str, ...]] = (
+        "compile",
+        "segmentation",
+        "evaluate",
+        "score_threshold",
+        "overlap_threshold",
+        "top_k",
+        "window",
+        "stride",
+        "window_batch_size",
+    )
 
     def __init__(
         self,
