@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
 import albumentations as A
@@ -32,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
-from vitdense.data.images import read_image
+from vitdense.data.images import read_image, unique_output_names
 from vitdense.depth_types import DepthImages
 from vitdense.errors import DataError
 from vitdense.preprocess import Preprocess
@@ -159,6 +160,13 @@ class DepthFilesDataset(Dataset):
             warning that counts them and names the first (the files that are there but turn
             out unreadable are `SkipBadSamples`' to skip, when loaded).
 
+    Attributes:
+        entries: the samples kept, in the split's order.
+        image_paths: each kept sample's image file (the `path` `predict` writes beside it).
+        output_names: what `predict` names each sample's files: its image's path in the split
+            without the suffix (`unique_output_names`), not the stem alone, since KITTI's drives
+            share frame names (.../image_02/data/0000000005.png) and would overwrite each other.
+
     Raises:
         DataError: listed files are missing (counted, the first named; with "raise"), or no
             sample is left.
@@ -209,6 +217,15 @@ class DepthFilesDataset(Dataset):
                 raise DataError(f"{split}: no sample is left: {what}")
             _logger.warning("%s: %s", split, what)
         self.entries = kept
+
+    # (computed when predict asks: a training split has tens of thousands of entries)
+    @cached_property
+    def image_paths(self) -> list[Path]:
+        return [self.image_root / e.image for e in self.entries]
+
+    @cached_property
+    def output_names(self) -> list[str]:
+        return unique_output_names([PurePosixPath(e.image) for e in self.entries])
 
     def __len__(self) -> int:
         return len(self.entries)
