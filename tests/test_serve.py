@@ -263,26 +263,107 @@ def test_the_server_listens_on_this_machine_only_by_default(server_process):
     assert "(LIT_SERVER_API_KEY) in X-API-Key" in lines.replace("$", "") and KEY not in lines
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def can_bind(address: str) -> bool:
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as s:
+            s.bind((address, 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "::1", "localhost"])
 def test_another_host_when_asked(trained, monkeypatch, host):
-    """`--host 0.0.0.0` reaches LitServe's `run` (which binds to it), with no key needed."""
+    """`--host` reaches LitServe's `run`: its own three hosts as they are (it binds them; a name
+    resolving to one of them too), any other address bound here and handed over as the socket
+    (uvicorn's `fd`), with no key needed."""
     import litserve
 
     from vitdense import serve
 
     ran = {}
-    monkeypatch.setattr(litserve.LitServer, "run", lambda self, **kwargs: ran.update(kwargs))
+
+    def run(self, **kwargs):
+        ran.update(kwargs)
+        if "fd" in kwargs:  # (the socket is closed once main returns)
+            with socket.socket(fileno=os.dup(kwargs["fd"])) as bound:
+                ran["bound"] = bound.getsockname()[:2]
+
+    if host == "::1" and not can_bind("::1"):
+        pytest.skip("no IPv6 loopback on this machine")
+    monkeypatch.setattr(litserve.LitServer, "run", run)
     monkeypatch.delenv("LIT_SERVER_API_KEY", raising=False)
-    serve.main([f"--ckpt_path={trained['det'][1]}", f"--host={host}", "--port=8123"])
-    assert ran["host"] == host and ran["port"] == 8123
+    port = free_port()
+    serve.main([f"--ckpt_path={trained['det'][1]}", f"--host={host}", f"--port={port}"])
+    address = str(serve.host_addresses(host)[0])
+    if address in serve.LITSERVE_HOSTS:
+        assert ran["host"] == address and "fd" not in ran
+    else:
+        assert ran["bound"] == (address, port) and ran["host"] == "127.0.0.1"  # (LitServe's check passed)
+    assert ran["port"] == port
 
 
-def test_a_host_litserve_cannot_bind_is_refused_by_the_parser(capsys):
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("127.0.0.2", True),
+        ("::ffff:127.0.0.1", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+    ],
+)
+def test_a_host_other_machines_can_reach_is_warned_about(host, loopback):
+    from vitdense.serve import exposure_warning, host_is_loopback
+
+    assert host_is_loopback(host) is loopback
+    warning = exposure_warning(host, 8000, host_is_loopback(host), None)
+    if loopback:
+        assert warning is None and exposure_warning(host, 8000, True, "LIT_SERVER_API_KEY") is None
+    else:
+        assert warning.startswith(f"--host {host} is not a loopback address and there is no API key: anyone")
+        keyed = exposure_warning(host, 8000, False, "LIT_SERVER_API_KEY")
+        assert (
+            keyed
+            == f"--host {host} is not a loopback address: other machines can reach port 8000 (requests need the key)"
+        )
+
+
+def test_a_name_is_loopback_only_when_all_its_addresses_are():
+    from vitdense.errors import ConfigError
+    from vitdense.serve import host_is_loopback
+
+    def resolving_to(*addresses):
+        return lambda host, port, type: [(socket.AF_INET6, type, 6, "", (a, 0)) for a in addresses]
+
+    def unresolvable(host, port, type):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    assert host_is_loopback("box", resolving_to("127.0.0.1", "::1"))
+    assert not host_is_loopback("box", resolving_to("127.0.1.1", "192.168.1.5"))
+    with pytest.raises(ConfigError, match=r"--host nosuch: not an IP address, and this machine cannot resolve the"):
+        host_is_loopback("nosuch", unresolvable)
+
+
+def test_an_address_this_machine_does_not_have_is_one_line():
+    from ipaddress import ip_address
+
+    from vitdense.errors import ConfigError
+    from vitdense.serve import listening_socket
+
+    elsewhere = "203.0.113.7"  # (TEST-NET-3: documentation only, on no interface)
+    with pytest.raises(ConfigError, match=rf"--host {elsewhere} --port 8123: cannot listen there \(.+\); give an"):
+        listening_socket(elsewhere, ip_address(elsewhere), 8123)
+
+
+def test_the_parser_takes_any_host():
     from vitdense.serve import parser
 
-    with pytest.raises(SystemExit):
-        parser().parse_args(["--ckpt_path=x", "--host=localhost"])
-    assert "invalid choice: 'localhost'" in capsys.readouterr().err
+    for host in ("::1", "localhost", "10.1.2.3", "server.example"):
+        assert parser().parse_args(["--ckpt_path=x", f"--host={host}"]).host == host
 
 
 def test_the_key_comes_from_the_environment_variable_named():

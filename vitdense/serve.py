@@ -18,11 +18,15 @@ leaves the others of its batch alone: a wrong content type (415), a body over `-
 or an image over `--max_pixels` (413), malformed JSON, a missing field or bytes that are not
 an image (400).
 
-The server listens on 127.0.0.1 (this machine only) unless `--host 0.0.0.0` (or `::`) opens it
-to a network. With an API key in the environment variable LIT_SERVER_API_KEY (or the one
-`--api_key_env NAME` names), every request but GET /health must carry it in an `X-API-Key`
-header (401 without it). A refused upload's body is read to its end (up to `DRAIN_BYTES`)
-before the refusal, so that the client reads the 4xx rather than a reset connection.
+The server listens on 127.0.0.1 (this machine only) unless `--host` names another address: a
+loopback one (`::1`, `localhost`), an interface's address or a name of this machine, or
+`0.0.0.0` / `::` (every interface); it warns when the address is not a loopback one, since
+other machines can then reach it. LitServe binds only 127.0.0.1, 0.0.0.0 and `::`; any other
+address is bound here and LitServe serves the socket (`listening_socket`). With an API key
+in the environment variable LIT_SERVER_API_KEY (or the one `--api_key_env NAME` names), every
+request but GET /health must carry it in an `X-API-Key` header (401 without it). A refused
+upload's body is read to its end (up to `DRAIN_BYTES`) before the refusal, so that the
+client reads the 4xx rather than a reset connection.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ import base64
 import binascii
 import dataclasses
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -348,10 +354,90 @@ class PredictorAPI(ls.LitAPI):
         return output.to_dict()
 
 
-#: what `--host` may be: LitServe binds to no other address
-HOSTS = ("127.0.0.1", "0.0.0.0", "::")
+#: the addresses LitServe's `run` binds itself (it refuses any other); vitdense binds the rest
+#: and hands LitServe the socket (`listening_socket`)
+LITSERVE_HOSTS = ("127.0.0.1", "0.0.0.0", "::")
 
 _logger = logging.getLogger(__name__)
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def host_addresses(host: str, resolve: Callable[..., list] = socket.getaddrinfo) -> list[Address]:
+    """The addresses `--host` stands for: itself when it is an IP address, else every address
+    the name resolves to (`resolve`: `socket.getaddrinfo`'s signature), in the resolver's order.
+
+    Raises:
+        ConfigError: neither an address nor a name this machine resolves.
+    """
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        found = resolve(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:  # socket.gaierror is an OSError
+        raise ConfigError(
+            f"--host {host}: not an IP address, and this machine cannot resolve the name ({err}); give an "
+            "address (127.0.0.1, ::1, an interface's address, 0.0.0.0 for every interface) or a name that resolves"
+        ) from None
+    return list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in found))
+
+
+def is_loopback(address: Address) -> bool:
+    """Whether only this machine can reach `address` (127.0.0.0/8, ::1, and ::ffff:127.x.y.z,
+    which `is_loopback` alone calls not loopback before Python 3.13)."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def host_is_loopback(host: str, resolve: Callable[..., list] = socket.getaddrinfo) -> bool:
+    """Whether `--host` keeps the server to this machine: a loopback address, or a name whose
+    every address is one (a name that also resolves to another address is not)."""
+    return all(is_loopback(a) for a in host_addresses(host, resolve))
+
+
+def exposure_warning(host: str, port: int, loopback: bool, key_env: str | None) -> str | None:
+    """The line to warn with when the server listens where other machines can reach it (None: a
+    loopback address), saying whether a key guards it."""
+    if loopback:
+        return None
+    if key_env is not None:
+        return f"--host {host} is not a loopback address: other machines can reach port {port} (requests need the key)"
+    return (
+        f"--host {host} is not a loopback address and there is no API key: anyone who reaches port {port} of this "
+        f"machine can use the model; export {API_KEY_ENV}=<a key> to require one"
+    )
+
+
+def listening_socket(host: str, address: Address, port: int) -> socket.socket:
+    """A TCP socket bound to (`address`, `port`) as uvicorn binds LitServe's own hosts
+    (SO_REUSEADDR), for an address LitServe's `run` refuses: LitServe serves it when given its
+    file descriptor (uvicorn's `fd`). `host`: what `--host` said (`address`, or a name of it).
+
+    Raises:
+        ConfigError: it cannot be bound (not an address of this machine, the port in use).
+    """
+    sock = socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((str(address), port))
+    except OSError as err:
+        sock.close()
+        named = f"--host {host}" if host == str(address) else f"--host {host} ({address})"
+        raise ConfigError(
+            f"{named} --port {port}: cannot listen there ({err.strerror or err}); give an address of one of this "
+            "machine's interfaces (`ip address` lists them) and a free port"
+        ) from None
+    return sock
+
+
+class _WithoutLitServesDocsLine(logging.Filter):
+    """Drops LitServe's "Swagger UI is available at http://127.0.0.1:...": when vitdense bound
+    the socket, the host LitServe was told is a stand-in; vitdense logs the true URL instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Swagger UI is available at")
 
 
 def api_key_from_env(name: str | None, environ: MutableMapping[str, str] = os.environ) -> str | None:
@@ -371,16 +457,30 @@ def api_key_from_env(name: str | None, environ: MutableMapping[str, str] = os.en
     return key or None
 
 
-def describe_listening(host: str, port: int, key_env: str | None) -> str:
-    """The startup line: where the server listens and whether it wants a key (never the key)."""
-    where = "this machine only" if host == "127.0.0.1" else "every network interface"
+def base_url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 address in brackets."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def describe_listening(host: str, port: int, key_env: str | None, loopback: bool, address: str | None = None) -> str:
+    """The startup line: where the server listens and whether it wants a key (never the key).
+    `loopback`: whether `host` is a loopback one (`host_is_loopback`); `address`: the address
+    bound, when `host` is a name."""
+    if loopback:
+        where = "this machine only"
+    elif host in ("0.0.0.0", "::"):
+        where = "every network interface"
+    else:
+        where = "reachable from other machines"
+    if address is not None and address != host:
+        where = f"{address}, {where}"
     if key_env is None:
         access = "no API key required"
     else:
         access = (
             f"every request but GET {', '.join(OPEN_PATHS)} must carry the API key (${key_env}) in {API_KEY_HEADER}"
         )
-    return f"listening on http://{'[::]' if host == '::' else host}:{port} ({where}); {access}"
+    return f"listening on {base_url(host, port)} ({where}); {access}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -392,9 +492,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host",
         default="127.0.0.1",
-        choices=HOSTS,  # LitServe's choice; it refuses any other
-        help="where to listen: 127.0.0.1, this machine only (the default); 0.0.0.0 (every IPv4 interface) "
-        f"or :: (every interface) to open it to a network, with an API key ({API_KEY_ENV})",
+        help="the address to listen on: 127.0.0.1, this machine only (the default), or any other loopback "
+        "address or name (::1, localhost); an interface's address or a name of this machine, 0.0.0.0 (every "
+        f"IPv4 interface) or :: (every interface) open it to a network: set an API key ({API_KEY_ENV}) first. "
+        "A name is resolved and the first of its addresses bound; the server warns when it is not a loopback one",
     )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -423,6 +524,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     slicing = slicing_from_args(args)  # (bad options: one line now)
     api_key = api_key_from_env(args.api_key_env)  # before the model: a missing key fails in a second
+    addresses = host_addresses(args.host)  # (a name that does not resolve: one line now, too)
+    loopback = all(is_loopback(a) for a in addresses)
+    address = addresses[0]  # (a name's first address, as a socket bound to the name would take)
+    # LitServe binds only its three hosts: any other is bound here (a wrong address or a busy port
+    # fails now) and LitServe is given the socket to serve
+    sock = None if str(address) in LITSERVE_HOSTS else listening_socket(args.host, address, args.port)
     from vitdense.checkpoint import Checkpoint
     from vitdense.predictor import inference_data
 
@@ -460,13 +567,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     _log_to_stderr()
     key_env = (args.api_key_env or API_KEY_ENV) if api_key else None
-    _logger.info(describe_listening(args.host, args.port, key_env))
-    if args.host != "127.0.0.1" and api_key is None:
-        _logger.warning(
-            f"no API key: anyone who reaches port {args.port} of this machine can use the model; "
-            f"export {API_KEY_ENV}=<a key> to require one"
-        )
-    server.run(host=args.host, port=args.port, generate_client_file=False)
+    _logger.info(describe_listening(args.host, args.port, key_env, loopback, str(address)))
+    if (warning := exposure_warning(args.host, args.port, loopback, key_env)) is not None:
+        _logger.warning(warning)
+    if sock is None:
+        server.run(host=str(address), port=args.port, generate_client_file=False)
+        return
+    # the host LitServe is told is a stand-in that passes its check: its docs line would name it
+    logging.getLogger("litserve.server").addFilter(_WithoutLitServesDocsLine())
+    _logger.info(f"Swagger UI is available at {base_url(str(address), args.port)}/docs")
+    server.run(host="127.0.0.1", port=args.port, fd=sock.fileno(), generate_client_file=False)
 
 
 def _log_to_stderr() -> None:

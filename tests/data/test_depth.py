@@ -76,6 +76,39 @@ def test_missing_files_and_lines_without_ground_truth(tmp_path, caplog):
     assert "1 of 3 samples have no ground truth" in caplog.text
 
 
+def test_under_skip_missing_files_and_malformed_lines_are_left_out_and_counted(tmp_path, caplog):
+    """`loader.on_bad_sample: skip`: what the split lists but is not there, and lines that are
+    not '<image> <depth> <focal>', are left out at setup with one warning each that counts them
+    and names the first; the rest is read as usual."""
+    train = [
+        write_sample(tmp_path, "sync", 0),
+        "/scene/gone.jpg /scene/gone.png 518.8",  # image and depth missing: one sample, two files
+        write_sample(tmp_path, "sync", 1),
+        "/scene/rgb_00001.jpg /scene/lost.png 518.8",  # its depth missing
+        "/scene/rgb_00000.jpg 518.8",  # two fields
+        "/scene/rgb_00000.jpg /scene/sync_depth_00000.png f",  # focal not a number
+    ]
+    data = nyu(tmp_path, train, [write_sample(tmp_path, "official_splits/test", 2)], on_bad_sample="skip")
+    with caplog.at_level(logging.WARNING):
+        data.setup("fit")
+    assert [e.image for e in data.train_dataset.entries] == ["scene/rgb_00000.jpg", "scene/rgb_00001.jpg"]
+    assert data.train_dataset[1].depth.shape == (16, 16)  # read and cropped
+    split = tmp_path / "nyudepthv2_train_files_with_gt.txt"
+    assert f"{split}: 2 malformed lines left out (on_bad_sample=skip), first {split}:5: 2 fields" in caplog.text
+    missing = f"{split}: 2 of 4 samples left out (on_bad_sample=skip): 3 listed files are missing, first "
+    assert f"{missing}{tmp_path / 'sync' / 'scene' / 'gone.jpg'} ({split}:2)" in caplog.text
+    assert len(data.val_dataset) == 1  # the test split: nothing to leave out, nothing said
+    assert "nyudepthv2_test_files_with_gt.txt" not in caplog.text
+
+
+def test_under_skip_a_split_with_nothing_left_still_stops(tmp_path):
+    data = nyu(tmp_path, ["/scene/gone.jpg /scene/gone.png 1"], ["a b"], on_bad_sample="skip")
+    with pytest.raises(DataError, match=r"test_files_with_gt.txt: no samples; expected lines"):
+        data.setup("validate")  # every line malformed
+    with pytest.raises(DataError, match=r"train_files_with_gt.txt: no sample is left: 1 of 1 .* missing"):
+        data.setup("fit")
+
+
 @pytest.mark.parametrize(
     ("case", "message"),
     [

@@ -34,6 +34,16 @@ def task(**kwargs) -> DepthTask:
     return DepthTask(**{"head": HEAD, "backbone": TINY, **kwargs})
 
 
+#: the demo's task, tiny (config's `model`)
+MODEL = {
+    "class_path": "vitdense.tasks.DepthTask",
+    "init_args": {
+        "head": {"class_path": "vitdense.heads.DPTHead", "init_args": {"features": 16, "out_channels": [8, 8, 16, 16]}},
+        "backbone": {"name": "vit_tiny_patch16_224", "model_args": {"depth": 4}},
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     """The demo's task, tiny, fitted for two steps through the CLI on the synthetic rooms: (root, checkpoint)."""
@@ -49,10 +59,7 @@ def fitted(tmp_path_factory):
             "loader": {"batch_size": 2},
         },
     }
-    head = {"class_path": "vitdense.heads.DPTHead", "init_args": {"features": 16, "out_channels": [8, 8, 16, 16]}}
-    backbone = {"name": "vit_tiny_patch16_224", "model_args": {"depth": 4}}
-    model = {"class_path": "vitdense.tasks.DepthTask", "init_args": {"head": head, "backbone": backbone}}
-    config.write_text(json.dumps({"model": model, "data": data}))
+    config.write_text(json.dumps({"model": MODEL, "data": data}))
     args = ["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false"]
     main([*args, f"--trainer.default_root_dir={root}", "--trainer.logger=false"])
     (ckpt,) = (root / "checkpoints").glob("*.ckpt")
@@ -191,6 +198,40 @@ def test_predict_writes_16_bit_millimetres_equal_to_load(fitted, tmp_path):
         # millimetres, as NYU's files: within one unit of rounding of the predictor's metres
         np.testing.assert_allclose(stored / 1000, result.depth, atol=0.0006)
         assert (out / "depth" / row["png"].replace(".png", "_color.jpg")).is_file()
+
+
+def write_kitti_frame(root, drive, frame, size=(24, 40)):
+    """One frame of KITTI's layout (raw image, annotated depth / 256 m): its split line."""
+    image = f"2011_09_26/{drive}/image_02/data/{frame}.png"
+    depth = f"{drive}/proj_depth/groundtruth/image_02/{frame}.png"
+    rng = np.random.default_rng(len(drive) + int(frame))
+    for path, pixels in (
+        (root / "raw" / image, rng.integers(0, 256, (*size, 3), dtype=np.uint8)),
+        (root / "data_depth_annotated" / depth, rng.integers(256, 80 * 256, size).astype(np.uint16)),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(path)
+    return f"{image} {depth} 721.5377"
+
+
+def test_predict_on_a_split_names_each_file_after_its_image(fitted, tmp_path):
+    """`predict` without `predict_dir` writes each image's depth under its own path in the split
+    (KITTI's drives share frame names: no drive's file overwrites another's) and names the image
+    in depth.csv."""
+    root, ckpt = fitted
+    kitti = tmp_path / "kitti"
+    drives = ["2011_09_26_drive_0001_sync", "2011_09_26_drive_0002_sync"]
+    lines = [write_kitti_frame(kitti, d, "0000000005") for d in drives]
+    (kitti / "eigen_test_files_with_gt.txt").write_text("\n".join([*lines, "2011_09_26/x.png None 721.5"]) + "\n")
+    data = {"class_path": "vitdense.data.KITTIDepthDataModule", "init_args": {"root": str(kitti), "img_size": 32}}
+    (tmp_path / "kitti.yaml").write_text(json.dumps({"model": MODEL, "data": data}))
+    args = ["predict", "--config", str(tmp_path / "kitti.yaml"), "--ckpt_path", str(ckpt), "--trainer.logger=false"]
+    main([*args, f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"])
+    out = tmp_path / "predictions"
+    rows = list(csv.DictReader((out / "depth.csv").open()))
+    images = [f"2011_09_26/{d}/image_02/data/0000000005" for d in drives]
+    assert [(r["path"], r["png"]) for r in rows] == [(f"{kitti / 'raw' / i}.png", f"{i}.png") for i in images]
+    assert sorted(p.relative_to(out / "depth").as_posix() for p in out.rglob("*.png")) == [f"{i}.png" for i in images]
 
 
 def test_load_draws_and_serves_the_depth(fitted):

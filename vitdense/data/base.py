@@ -207,7 +207,8 @@ class LoaderConfig:
         on_bad_sample: what an unreadable sample (corrupt, truncated or empty file, a label
             map that does not fit its image) does: "raise" stops with the file named;
             "skip" leaves it out of its batch, logs the file, and logs the epoch's total
-            (`{stage}/skipped_samples`).
+            (`{stage}/skipped_samples`). The depth DataModules also apply it to the files
+            and lines of their split files at setup ("skip": left out, one counted warning).
     """
 
     batch_size: int = 32

@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import Any, ClassVar, Literal
 
 import albumentations as A
 import cv2
@@ -32,7 +33,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
-from vitdense.data.images import read_image
+from vitdense.data.images import read_image, unique_output_names
 from vitdense.depth_types import DepthImages
 from vitdense.errors import DataError
 from vitdense.preprocess import Preprocess
@@ -54,35 +55,56 @@ class DepthEntry:
     where: str
 
 
-def read_split_file(path: str | Path) -> list[DepthEntry]:
+def read_split_file(path: str | Path, on_bad_sample: Literal["raise", "skip"] = "raise") -> list[DepthEntry]:
     """The samples of a BTS-style split file ("<image> <depth> <focal>" per line; blank
     lines ignored).
+
+    Args:
+        path: the split file.
+        on_bad_sample: what a malformed line does (`LoaderConfig.on_bad_sample`): "raise"
+            stops naming it; "skip" leaves it out, with one warning that counts such lines
+            and names the first.
 
     Raises:
         FileNotFoundError: no such file.
         DataError: a line without three fields, or whose focal length is not a number
-            (the file and line are named).
+            (the file and line are named; with "raise"); no well-formed line at all.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such split file; expected lines '<image> <depth> <focal>'")
-    entries = []
+    entries, malformed = [], []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
         where = f"{path}:{number}"
+        problem = None
         if len(fields) != 3:
-            raise DataError(
+            problem = (
                 f"{where}: {len(fields)} fields in {line.strip()!r}; a split line is '<image> <depth> <focal>' "
                 "(depth 'None' where the image has no ground truth)"
             )
-        try:
-            focal = float(fields[2])
-        except ValueError:
-            raise DataError(f"{where}: focal length {fields[2]!r} is not a number") from None
+        else:
+            try:
+                focal = float(fields[2])
+            except ValueError:
+                problem = f"{where}: focal length {fields[2]!r} is not a number"
+        if problem is not None:
+            if on_bad_sample == "raise":
+                raise DataError(problem)
+            malformed.append(problem)
+            continue
         depth = None if fields[1] == "None" else fields[1].lstrip("/")
         entries.append(DepthEntry(fields[0].lstrip("/"), depth, focal, where))
+    if malformed:
+        _logger.warning(
+            "%s: %d malformed %s left out (on_bad_sample=skip), first %s",
+            path,
+            len(malformed),
+            "line" if len(malformed) == 1 else "lines",
+            malformed[0],
+        )
     if not entries:
         raise DataError(f"{path}: no samples; expected lines '<image> <depth> <focal>'")
     return entries
@@ -133,9 +155,21 @@ class DepthFilesDataset(Dataset):
             {"image": [3, H', W'], "mask": [h, w]} (`depth_train_transforms`, `DepthEvalTransform`).
         depth_scale: stored value per metre (NYU: 1000; KITTI: 256).
         crop_kb: apply KITTI's benchmark crop (`kb_crop`) to both first.
+        on_bad_sample: what a listed file that is missing does (`LoaderConfig.on_bad_sample`):
+            "raise" stops here, before any training; "skip" leaves its sample out, with one
+            warning that counts them and names the first (the files that are there but turn
+            out unreadable are `SkipBadSamples`' to skip, when loaded).
+
+    Attributes:
+        entries: the samples kept, in the split's order.
+        image_paths: each kept sample's image file (the `path` `predict` writes beside it).
+        output_names: what `predict` names each sample's files: its image's path in the split
+            without the suffix (`unique_output_names`), not the stem alone, since KITTI's drives
+            share frame names (.../image_02/data/0000000005.png) and would overwrite each other.
 
     Raises:
-        DataError: listed files are missing (counted, the first named).
+        DataError: listed files are missing (counted, the first named; with "raise"), or no
+            sample is left.
     """
 
     def __init__(
@@ -146,34 +180,52 @@ class DepthFilesDataset(Dataset):
         transform: Callable[..., dict[str, Any]],
         depth_scale: float,
         crop_kb: bool = False,
+        on_bad_sample: Literal["raise", "skip"] = "raise",
     ) -> None:
         self.image_root, self.depth_root = Path(image_root), Path(depth_root)
         self.transform = transform
         self.depth_scale = depth_scale
         self.crop_kb = crop_kb
+        split = entries[0].where.rsplit(":", 1)[0]
         kept = [e for e in entries if e.depth is not None]
         if len(kept) < len(entries):
             _logger.warning(
                 "%s: %d of %d samples have no ground truth ('None') and are left out",
-                entries[0].where.rsplit(":", 1)[0],
+                split,
                 len(entries) - len(kept),
                 len(entries),
             )
         if not kept:
-            raise DataError(f"{entries[0].where.rsplit(':', 1)[0]}: no sample has ground truth")
-        missing = [
-            (e.where, p)
-            for e in kept
-            for p in (self.image_root / e.image, self.depth_root / e.depth)
-            if not p.is_file()
-        ]
+            raise DataError(f"{split}: no sample has ground truth")
+        listed = {e: (self.image_root / e.image, self.depth_root / e.depth) for e in kept}
+        missing = {e: absent for e, paths in listed.items() if (absent := [p for p in paths if not p.is_file()])}
         if missing:
-            where, first = missing[0]
-            raise DataError(
-                f"{len(missing)} files listed are missing, first {first} ({where}); download and extract the "
-                "dataset (data_scripts/), or fix the split file"
+            first, files = next(iter(missing.items()))
+            count = sum(len(f) for f in missing.values())
+            if on_bad_sample == "raise":
+                raise DataError(
+                    f"{count} files listed are missing, first {files[0]} ({first.where}); download and extract the "
+                    "dataset (data_scripts/), or fix the split file (or set data.init_args.loader.on_bad_sample: "
+                    "skip to leave their samples out)"
+                )
+            what = (
+                f"{len(missing)} of {len(kept)} samples left out (on_bad_sample=skip): {count} listed files are "
+                f"missing, first {files[0]} ({first.where})"
             )
+            kept = [e for e in kept if e not in missing]
+            if not kept:
+                raise DataError(f"{split}: no sample is left: {what}")
+            _logger.warning("%s: %s", split, what)
         self.entries = kept
+
+    # (computed when predict asks: a training split has tens of thousands of entries)
+    @cached_property
+    def image_paths(self) -> list[Path]:
+        return [self.image_root / e.image for e in self.entries]
+
+    @cached_property
+    def output_names(self) -> list[str]:
+        return unique_output_names([PurePosixPath(e.image) for e in self.entries])
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -369,9 +421,16 @@ class DepthDataModule(ImageDataModule):
         images, depths = (
             (self.train_images, self.train_depths) if split == "train" else (self.test_images, self.test_depths)
         )
-        entries = read_split_file(self.annotation_path(split))
+        # on_bad_sample reaches the split here: what is missing or malformed is known before any sample is read
+        entries = read_split_file(self.annotation_path(split), self.on_bad_sample)
         return DepthFilesDataset(
-            self.root / images, self.root / depths, entries, transform, self.depth_scale, self.crop_kb
+            self.root / images,
+            self.root / depths,
+            entries,
+            transform,
+            self.depth_scale,
+            crop_kb=self.crop_kb,
+            on_bad_sample=self.on_bad_sample,
         )
 
     def setup_splits(self, stage: str) -> None:

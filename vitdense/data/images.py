@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import io
 import logging
+from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -187,6 +188,19 @@ def find_images(root: str | Path) -> list[Path]:
     return images
 
 
+def unique_output_names(relative_paths: list[PurePath]) -> list[str]:
+    """What `predict` names each image's outputs: its path (relative to its folder) without
+    the suffix, so that outputs mirror the folder (sub/x.jpg -> sub/x.png); the suffix stays in
+    the name where two images would share one (x.jpg and x.png -> x_jpg, x_png), so that no
+    prediction overwrites another."""
+    stems = [p.with_suffix("") for p in relative_paths]
+    repeated = {s for s, n in Counter(stems).items() if n > 1}
+    return [
+        s.as_posix() if s not in repeated else f"{s.as_posix()}_{p.suffix.lstrip('.').lower()}"
+        for s, p in zip(stems, relative_paths, strict=True)
+    ]
+
+
 class ImageFiles(Dataset):
     """Unlabelled images of any size and format from a folder, for prediction.
 
@@ -200,16 +214,9 @@ class ImageFiles(Dataset):
         self.root = Path(root)
         self.image_paths = find_images(self.root)
         self.to_sample = to_sample
-        # outputs mirror the folder: sub/x.jpg -> sub/x.png; the suffix stays in the name where
-        # two images would share one (x.jpg and x.png), so that no prediction overwrites another
         #: each image's path relative to the folder (COCO results' `file_name` for a folder)
         self.file_names = [p.relative_to(self.root).as_posix() for p in self.image_paths]
-        stems = [p.relative_to(self.root).with_suffix("") for p in self.image_paths]
-        repeated = {s for s in stems if stems.count(s) > 1}
-        self.output_names = [
-            s.as_posix() if s not in repeated else f"{s.as_posix()}_{p.suffix.lstrip('.').lower()}"
-            for s, p in zip(stems, self.image_paths, strict=True)
-        ]
+        self.output_names = unique_output_names([p.relative_to(self.root) for p in self.image_paths])
 
     def __len__(self) -> int:
         return len(self.image_paths)
