@@ -12,8 +12,11 @@ A checkpoint is self-contained: `validate`, `test` and `predict` with `--ckpt_pa
 the checkpoint, e.g. `python -m vitdense predict --ckpt_path run.ckpt --data.predict_dir
 photos/`. With a config, the checkpoint's task must be the config's, and its classes the
 data's; what the data decided and the config leaves unset (normalisation, categories) comes
-from the checkpoint. A checkpoint's weights replace pretrained ones, which are then never
-fetched (works offline).
+from the checkpoint. The task's recorded settings fill what the user leaves unset; what the
+user gives wins for the task's `evaluation_settings` (a crop, a cap, the kind of
+segmentation) and is refused, naming the key, where it differs from a setting fixed at
+training. A checkpoint's weights replace pretrained ones, which are then never fetched
+(works offline).
 """
 
 from __future__ import annotations
