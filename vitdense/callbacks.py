@@ -20,7 +20,6 @@ from lightning.pytorch.callbacks import BasePredictionWriter, EMAWeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from vitdense.data.images import image_size
 from vitdense.preprocess import LabelInfo
 from vitdense.results import ResultContext, WriteOptions
 
@@ -347,6 +346,8 @@ def original_sizes(batch: Any, dataset: Any = None, indexes: Sequence[int] = ())
             return [tuple(s) for s in given.sizes]
     paths = [sample_path(dataset, i) for i in indexes] if dataset is not None else []
     if paths and all(p is not None for p in paths):
+        from vitdense.data.images import image_size  # (lazily: tasks import no dataset family)
+
         return [image_size(p) for p in paths]
     given = field(batch, "image_sizes")
     if given is not None and not isinstance(given, tuple):
