@@ -210,6 +210,21 @@ def test_instance_inference_equals_mask2formers(seed, top_k):
     assert out.masks.dtype == torch.bool and (out.scores.diff() <= 0).all()  # best first
 
 
+def test_a_panoptic_models_instances_are_its_things_among_the_top_k():
+    """Mask2Former's `instance_inference` with `panoptic_on`: the stuff pairs leave after the
+    top k, so the things of the 7 best pairs remain (2 of them), in their order."""
+    class_logits, mask_logits = logits(1)
+    out = instance_inference(class_logits, mask_logits, 7, torch.tensor(IS_THING))
+    expected = [(q, label, s) for q, label, s in INSTANCE_EXPECTED[(1, 7)] if IS_THING[label]]
+    assert out.labels.tolist() == [label for _, label, _ in expected] == [0, 2]
+    torch.testing.assert_close(out.scores, torch.tensor([s for _, _, s in expected]))
+    assert all(torch.equal(m, mask_logits[q] > 0) for m, (q, _, _) in zip(out.masks, expected, strict=True))
+    everything = instance_inference(class_logits, mask_logits, 7, [True] * 5)
+    assert everything.labels.tolist() == instance_inference(class_logits, mask_logits, 7).labels.tolist()
+    with pytest.raises(ValueError, match=r"is_thing has shape \(4,\), expected \(5,\)"):
+        instance_inference(class_logits, mask_logits, 7, IS_THING[:4])
+
+
 def test_inputs_are_checked():
     class_logits, mask_logits = logits(0)
     with pytest.raises(ValueError, match="disagree on the queries"):

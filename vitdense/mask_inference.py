@@ -110,24 +110,44 @@ def panoptic_inference(
 
 
 @torch.no_grad()
-def instance_inference(class_logits: torch.Tensor, mask_logits: torch.Tensor, top_k: int = 100) -> InstanceMasks:
+def instance_inference(
+    class_logits: torch.Tensor,
+    mask_logits: torch.Tensor,
+    top_k: int = 100,
+    is_thing: torch.Tensor | Sequence[bool] | None = None,
+) -> InstanceMasks:
     """One image's instances, as Mask2Former's `instance_inference`: the `top_k` best
     (query, class) pairs of the Q x K class probabilities, each with its query's mask
-    (logit > 0) and the score P(class) x the mean mask probability inside the mask.
+    (logit > 0) and the score P(class) x the mean mask probability inside the mask. A model
+    with stuff classes (panoptic) keeps the pairs of thing classes among the `top_k`, as
+    Mask2Former's with `panoptic_on`: its instances are its things, evaluated against the
+    things of the ground truth (COCO's instances JSON).
 
     Args:
         class_logits: [Q, K + 1], the last class "no object".
         mask_logits: [Q, H, W] at the output size.
-        top_k: instances kept (all Q x K pairs when fewer); 100 for COCO.
+        top_k: (query, class) pairs taken (all Q x K pairs when fewer); 100 for COCO.
+        is_thing: [K] bool, True for thing classes; None: every class is one.
 
     Returns:
-        `InstanceMasks`, best first: masks [k, H, W] bool, labels [k], scores [k] float32.
+        `InstanceMasks`, best first: masks [k, H, W] bool, labels [k], scores [k] float32
+        (k <= top_k: fewer where stuff pairs were among the best).
     """
     _check_pair(class_logits, mask_logits)
     num_queries, num_classes = class_logits.shape[0], class_logits.shape[-1] - 1
     probs = class_logits.float().softmax(-1)[:, :-1]  # [Q, K]
     top_scores, top = probs.flatten().topk(min(top_k, num_queries * num_classes))
     labels = top % num_classes
+    if is_thing is not None:
+        thing = torch.as_tensor(is_thing, dtype=torch.bool, device=labels.device)
+        if thing.shape != (num_classes,):
+            raise ValueError(
+                f"instance_inference: is_thing has shape {tuple(thing.shape)}, expected ({num_classes},): one "
+                f"flag per class of class_logits [Q, K + 1] (without 'no object')"
+            )
+        # after the top k, not before: Mask2Former's order (a panoptic model keeps fewer than top_k)
+        keep = thing[labels]
+        top_scores, top, labels = top_scores[keep], top[keep], labels[keep]
     logits = mask_logits[top // num_classes].float()  # [k, H, W]
     masks = (logits > 0).float()
     # Mask2Former's expression, op for op (its 1e-6 included)

@@ -2,7 +2,7 @@
 segmentation or an image's instances, with COCO's file formats.
 
     PanopticResult  segment ids [H, W] + segments   -> panoptic/<name>.png (COCO panoptic RGB ids), panoptic.json
-    InstanceResult  masks [k, H, W] + scores        -> instances.json (COCO results, RLE), drawn/<name>.jpg
+    InstanceResult  masks [k, H, W] + scores        -> instances.json (COCO results, RLE, no bbox), drawn/<name>.jpg
 
 `panoptic.json` is the `annotations` file of COCO's panoptic format and `panoptic/` its
 PNG folder: panopticapi's `pq_compute(gt_json, "panoptic.json", gt_folder, "panoptic")`
@@ -245,12 +245,16 @@ class InstanceResult(Origin):
 
     def rows(self) -> list[dict[str, Any]]:
         """COCO results entries (what `COCO.loadRes` reads): image_id, the dataset's
-        category_id, segmentation (compressed RLE), bbox, score; and the image's file_name
-        when it came from a folder."""
+        category_id, segmentation (compressed RLE), score; and the image's file_name when it
+        came from a folder.
+
+        No bbox (`to_dict` has it): `loadRes` sets the area of entries that carry a box to the
+        box's, overwriting any `area` given, and COCOeval(segm) would then put an unmatched
+        mask in the small / medium / large range of its box, not of its pixels, which the
+        reported figures count (detectron2 drops the box before mask evaluation for this
+        reason). Without one, loadRes takes the mask's area and makes the box from the mask."""
         named = {"file_name": self.file_name} if self.file_name is not None else {}
-        rows = instance_results(self.instances(), self.image_id, self.category_ids)
-        # (the box from the row's RLE: each mask encoded once)
-        return [{**row, "bbox": rle_box(row["segmentation"]), **named} for row in rows]
+        return [{**row, **named} for row in instance_results(self.instances(), self.image_id, self.category_ids)]
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:

@@ -25,6 +25,7 @@ from vitdense.metrics import LossMeans
 from vitdense.panoptic import rgb2id
 from vitdense.panoptic_metrics import PanopticQuality
 from vitdense.tasks import BackboneConfig
+from vitdense.tasks.detection import MAP_KEYS
 from vitdense.tasks.universal import UniversalSegmentationTask, label_map_segments
 from vitdense.types import PanopticImages, PanopticSegments, SegmentTargets
 
@@ -148,6 +149,113 @@ def test_semantic_segmentation_trains_on_label_maps():
     assert [tuple(x.shape) for x in prediction.labels] == [tuple(s) for s in b.mask_sizes.sizes]
     pixels = [np.zeros((*s, 3), np.uint8) for s in b.image_sizes.sizes]
     assert len(t.draw_batch(b, pixels, np.full((3, 3), 200, np.uint8))) == len(pixels)
+
+
+# ---------------------------------------------------------------------- a panoptic model's instances
+def rect(y: int, x: int, h: int, w: int, size=(48, 64)) -> torch.Tensor:
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[y : y + h, x : x + w] = True
+    return mask
+
+
+#: per image of 48 x 64: the segments (mask, class, crowd) of classes 0, 1 (things) and 2 (stuff),
+#: and the queries (mask, class, class logit) a model is made to find: the stuff found whole,
+#: things shifted, missed or made up
+SCENE = [
+    (
+        [(rect(0, 0, 20, 64), 2, False), (rect(26, 4, 10, 10), 0, False), (rect(26, 30, 12, 14), 1, False)],
+        [(rect(0, 0, 20, 64), 2, 6.0), (rect(28, 6, 10, 10), 0, 4.0), (rect(26, 30, 12, 14), 1, 2.0)]
+        + [(rect(36, 20, 8, 8), 0, 5.0), (rect(40, 50, 6, 9), 1, 3.5)],
+    ),
+    (
+        [(rect(30, 0, 18, 64), 2, False), (rect(4, 4, 10, 10), 1, False), (rect(6, 30, 9, 12), 0, False)]
+        + [(rect(4, 50, 8, 10), 0, True)],
+        [(rect(28, 0, 20, 64), 2, 5.0), (rect(4, 4, 10, 10), 1, 3.0), (rect(9, 30, 9, 12), 0, 1.0)]
+        + [(rect(16, 16, 7, 7), 1, 4.0), (rect(5, 51, 5, 5), 0, 4.5)],
+    ),
+]
+CATEGORY_IDS = (3, 8, 40)
+
+
+def scene_run(t: UniversalSegmentationTask, monkeypatch) -> PanopticImages:
+    """`t` made to see `SCENE` (its queries' logits in place of the model's, at the images'
+    original size, the model not run); the batch of its two images, with their segments for
+    evaluation."""
+    logits = []
+    for _, queries in SCENE:
+        class_logits = torch.zeros(len(queries), 4)
+        for q, (_, label, logit) in enumerate(queries):
+            class_logits[q, label] = logit
+        logits.append((class_logits, torch.stack([torch.where(m, 3.0, -3.0) for m, _, _ in queries])))
+    monkeypatch.setattr(t, "forward", lambda *args: None)
+    monkeypatch.setattr(t, "per_image", lambda output, batch: [logits[i] for i in batch.index.tolist()])
+    samples = []
+    for i, (truth, _) in enumerate(SCENE):
+        masks, labels, crowd = zip(*truth, strict=True)
+        targets = SegmentTargets(torch.stack(masks), torch.tensor(labels), torch.tensor(crowd))
+        samples.append(
+            PanopticImages(torch.randn(3, 32, 32), SegmentTargets.empty((32, 32)), i, (32, 32), (48, 64), targets)
+        )
+    return pad_collate(samples)
+
+
+def test_a_panoptic_models_mask_ap_is_cocoevals_on_its_things(monkeypatch, tmp_path):
+    """Mask AP of a panoptic model is on its thing classes, predictions and ground truth, as
+    Mask2Former's: the 12 figures it reports equal COCOeval(segm) of the instances.json its
+    checkpoint asked for instances writes, against the things of the ground truth (COCO's
+    instances JSON of a panoptic set), and that file holds things only. Counted as instances,
+    the stuff (found whole here) would raise the AP."""
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from vitdense.mask_results import InstanceResult
+    from vitdense.preprocess import LabelInfo
+    from vitdense.results import ResultContext
+
+    panoptic = task(evaluate=["panoptic", "instance"]).eval()
+    batch = scene_run(panoptic, monkeypatch)
+    with torch.no_grad():
+        panoptic.update_metrics(panoptic.test_metrics, panoptic.forward_batch(batch, "test"), batch, "test")
+    figures = panoptic.summarize(panoptic.test_metrics.compute(), "test")
+    reported = np.array([figures[f"test/{k}"].item() for k in MAP_KEYS])
+
+    instance = task(segmentation="instance").eval()  # the same model asked for instances
+    batch = scene_run(instance, monkeypatch)
+    context = ResultContext(["a", "b", "sky"], LabelInfo(category_ids=CATEGORY_IDS), [(48, 64)] * 2, image_ids=[5, 9])
+    with torch.no_grad():
+        results = instance.to_results(instance.predict_step(batch, 0), context)
+    rows = [row for r in results for row in r.rows()]
+    InstanceResult.write_table(rows, tmp_path / "instances.json")
+
+    annotations = []
+    for image_id, (truth, _) in zip((5, 9), SCENE, strict=True):
+        for mask, label, crowd in truth:
+            if label == 2:  # stuff: not in COCO's instances JSON
+                continue
+            rle = mask_utils.encode(np.asfortranarray(mask.numpy().astype(np.uint8)))
+            rle["counts"] = rle["counts"].decode()
+            annotations.append(
+                {"id": len(annotations) + 1, "image_id": image_id, "category_id": CATEGORY_IDS[label],
+                 "segmentation": rle, "area": int(mask.sum()), "bbox": mask_utils.toBbox(rle).tolist(),
+                 "iscrowd": int(crowd)}
+            )  # fmt: skip
+    gt = COCO()
+    gt.dataset = {
+        "images": [{"id": i, "height": 48, "width": 64} for i in (5, 9)],
+        "annotations": annotations,
+        "categories": [{"id": 3, "name": "a"}, {"id": 8, "name": "b"}],
+    }
+    gt.createIndex()
+    evaluator = COCOeval(gt, gt.loadRes(str(tmp_path / "instances.json")), "segm")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    assert 0.2 < evaluator.stats[0] < 0.8  # figures to compare
+    np.testing.assert_allclose(
+        reported, evaluator.stats, atol=1e-6, err_msg=str(dict(zip(MAP_KEYS, reported, strict=True)))
+    )
+    assert {r["category_id"] for r in rows} == {3, 8}  # things only
 
 
 # ---------------------------------------------------------------------- the whole run, CLI to server
@@ -292,26 +400,45 @@ def test_instance_predictions_are_a_coco_results_file_cocoeval_reads(fitted, tmp
     """The panoptic checkpoint asked for instances on the command line (`predict --config …
     --ckpt_path … --model.init_args.segmentation=instance`: the user's setting wins over the
     checkpoint's): `predict` writes a COCO results JSON (RLE masks, the dataset's category
-    ids) that pycocotools loads and evaluates, and no panoptic files."""
+    ids, things only) and no panoptic files; pycocotools evaluates it against the things of
+    the split's panoptic annotation (panopticapi's conversion to COCO's instances JSON) to
+    the mask AP `test` reported."""
+    from pycocotools import mask as mask_utils
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    config, ckpt, _ = fitted
+    config, ckpt, figures = fitted
     run = [f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}", "--model.init_args.segmentation=instance"]
     cli = main(["predict", "--config", str(config), *run])
     assert cli.model.segmentation == "instance"
     assert not (tmp_path / "predictions" / "panoptic.json").exists()
     rows = json.loads((tmp_path / "predictions" / "instances.json").read_text())
     assert rows and {"image_id", "category_id", "segmentation", "score"} <= rows[0].keys()
+    assert "bbox" not in rows[0]  # loadRes would take the box's area for COCOeval's size ranges
     data_args = yaml.safe_load(config.read_text())["data"]["init_args"]
-    truth = json.loads((Path(data_args["root"]) / "annotations" / "panoptic_val.json").read_text())
+    annotations_dir = Path(data_args["root"]) / "annotations"
+    truth = json.loads((annotations_dir / "panoptic_val.json").read_text())
+    things = [c for c in truth["categories"] if c["isthing"]]
     assert {r["image_id"] for r in rows} == {i["id"] for i in truth["images"]}
-    assert {r["category_id"] for r in rows} <= {c["id"] for c in truth["categories"]}
+    assert {r["category_id"] for r in rows} <= {c["id"] for c in things}
+    instances = []  # the things of each PNG, as panopticapi's panoptic2detection_coco_format writes them
+    for annotation in truth["annotations"]:
+        ids = rgb2id(np.asarray(Image.open(annotations_dir / "panoptic_val" / annotation["file_name"])))
+        for segment in annotation["segments_info"]:
+            if segment["category_id"] in {c["id"] for c in things}:
+                rle = mask_utils.encode(np.asfortranarray((ids == segment["id"]).astype(np.uint8)))
+                rle["counts"] = rle["counts"].decode()
+                instances.append({**segment, "image_id": annotation["image_id"], "segmentation": rle})
     gt = COCO()
     images = [{k: i[k] for k in ("id", "height", "width")} for i in truth["images"]]
-    gt.dataset = {"images": images, "annotations": [], "categories": truth["categories"]}
+    gt.dataset = {"images": images, "annotations": instances, "categories": things}
     gt.createIndex()
-    COCOeval(gt, gt.loadRes(rows), "segm").evaluate()  # reads every RLE at its image's size
+    evaluator = COCOeval(gt, gt.loadRes(rows), "segm")  # reads every RLE at its image's size
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    reported = [figures[f"test/{k}"] for k in MAP_KEYS]
+    np.testing.assert_allclose(reported, evaluator.stats, atol=1e-6)
 
 
 def test_a_setting_fixed_at_training_is_refused_at_predict(fitted, tmp_path, capsys):

@@ -8,7 +8,10 @@ What the task evaluates and predicts is its `segmentation`:
     instance   PanopticImages (COCO instances) -> mask AP (COCOeval's 12 stats)   -> COCO results JSON (RLE)
     semantic   SegmentedImages (ADE20K, ...)   -> mIoU, sliding windows            -> label-map PNGs
 
-A panoptic run may also report the other two (`evaluate`), each from the same queries.
+A panoptic run may also report the other two (`evaluate`), each from the same queries. A
+model's instances are its things, as Mask2Former's (`instance_inference` with `panoptic_on`)
+evaluated on COCO's instances JSON: mask AP and the instances it predicts leave the stuff
+classes out, of the predictions and of the ground truth (instance data has things only).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from vitdense.tasks.detection import MAP_KEYS, CriterionFactory, map_backend
 from vitdense.tasks.pictures import draw_panoptic, draw_segmented
 from vitdense.types import (
     ImageSizes,
+    InstanceMasks,
     InstancePrediction,
     Losses,
     LossSum,
@@ -93,6 +97,14 @@ def sum_losses(losses: Sequence[Losses]) -> Losses:
     return Losses(sum(x.total for x in losses) / n, terms, sums)
 
 
+def thing_segments(targets: SegmentTargets, is_thing: torch.Tensor) -> SegmentTargets:
+    """The segments of thing classes (`is_thing` [K] bool), crowds included: the ground truth
+    of mask AP, as COCO's instances JSON holds the things of its panoptic annotations."""
+    keep = is_thing.to(targets.labels.device)[targets.labels]
+    area = targets.area[keep] if targets.area is not None else None
+    return SegmentTargets(targets.masks[keep], targets.labels[keep], targets.iscrowd[keep], area)
+
+
 def semantic_map(targets: SegmentTargets, ignore_index: int = 255) -> torch.Tensor:
     """[H, W] int64 class of the segment under each pixel (crowd regions included, as
     detectron2's panoptic-to-semantic conversion), `ignore_index` where none is."""
@@ -124,7 +136,8 @@ class UniversalSegmentationTask(BaseTask):
             a DataModule without one has things only).
         segmentation: what the task evaluates and predicts (see the module docstring).
         evaluate: the evaluations of validation and test (default: `segmentation`'s own);
-            a panoptic model can also report mask AP and mIoU, e.g. [panoptic, instance, semantic].
+            a panoptic model can also report mask AP (of its thing classes) and mIoU, e.g.
+            [panoptic, instance, semantic].
         head: `head(embed_dim, num_classes, patch_size)` -> an `EoMTHead` (default 200
             queries in the last 4 blocks).
         criterion: `criterion(num_classes)` -> the loss (default `MaskSetCriterion`,
@@ -133,7 +146,8 @@ class UniversalSegmentationTask(BaseTask):
             the optimizer steps over which its masked attention is annealed away (None: the
             masks apply throughout training and evaluation).
         score_threshold, overlap_threshold: panoptic post-processing (EoMT: 0.8, 0.8).
-        top_k: instances kept per image (EoMT: 100).
+        top_k: (query, class) pairs taken per image as instances (EoMT: 100), of which a
+            model with stuff classes keeps the things.
         ignore_index: unlabelled pixels of semantic label maps (linked from the DataModule).
         window, stride: semantic evaluation's sliding windows (default: the backbone's
             native size, without overlap).
@@ -374,22 +388,32 @@ class UniversalSegmentationTask(BaseTask):
             found = [self.panoptic(c, m) for c, m in logits]
             metrics["panoptic"].update(found, batch.eval_targets)
         if "instance" in metrics:
-            found = [instance_inference(c, m, self.top_k) for c, m in logits]
-            metrics["instance"].update(found, batch.eval_targets)
+            found = [self.instances(c, m) for c, m in logits]
+            things = self.thing_flags(batch.image.device)
+            metrics["instance"].update(found, [thing_segments(t, things) for t in batch.eval_targets])
         if "semantic" in metrics:
             for (c, m), truth in zip(logits, batch.eval_targets, strict=True):
                 scores = semantic_inference(c, m)
                 metrics["semantic"].update(scores.argmax(0)[None], semantic_map(truth, self.ignore_index)[None])
+
+    def thing_flags(self, device: torch.device) -> torch.Tensor:
+        """[K] bool, True for thing classes (all of them while `is_thing` is not known)."""
+        return torch.tensor(self.is_thing or [True] * self.num_classes, device=device)
 
     def panoptic(self, class_logits: torch.Tensor, mask_logits: torch.Tensor) -> PanopticSegments:
         """One image's panoptic segments from its class logits [Q, K + 1] and mask logits [Q, H, W]."""
         return panoptic_inference(
             class_logits,
             mask_logits,
-            torch.tensor(self.is_thing or [True] * self.num_classes, device=class_logits.device),
+            self.thing_flags(class_logits.device),
             self.score_threshold,
             self.overlap_threshold,
         )
+
+    def instances(self, class_logits: torch.Tensor, mask_logits: torch.Tensor) -> InstanceMasks:
+        """One image's instances from its class logits [Q, K + 1] and mask logits [Q, H, W]:
+        the things among the `top_k` best (query, class) pairs."""
+        return instance_inference(class_logits, mask_logits, self.top_k, self.thing_flags(class_logits.device))
 
     def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
         keys = [k for kind in self.evaluate for k in LOGGED[kind]]
@@ -425,7 +449,8 @@ class UniversalSegmentationTask(BaseTask):
         pictures = []
         for image, (c, m), truth in zip(pixels, logits, batch.eval_targets, strict=True):
             if self.segmentation == "instance":
-                found = instance_inference(c, m, self.top_k)
+                truth = thing_segments(truth, self.thing_flags(c.device))
+                found = self.instances(c, m)
                 keep = found.scores >= 0.5
                 masks, labels = found.masks[keep], found.labels[keep]
             else:
@@ -459,5 +484,5 @@ class UniversalSegmentationTask(BaseTask):
             return SegmentationPrediction(batch.index, [s[0].argmax(0) for s in self.semantic_logits(batch)])
         logits = self.per_image(self(batch.image, batch.image_sizes), batch)
         if self.segmentation == "instance":
-            return InstancePrediction(batch.index, [instance_inference(c, m, self.top_k) for c, m in logits])
+            return InstancePrediction(batch.index, [self.instances(c, m) for c, m in logits])
         return PanopticPrediction(batch.index, [self.panoptic(c, m) for c, m in logits])
