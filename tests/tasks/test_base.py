@@ -272,3 +272,20 @@ def test_a_setup_that_forgets_the_base_is_refused_before_training():
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(ConfigError, match=r"setup\(\) must call super\(\).setup\(stage\)"):
         trainer.fit(task, data)
+
+
+def test_a_model_without_backbone_or_head_is_refused_when_the_task_is_built():
+    from vitdense.errors import ConfigError
+    from vitdense.tasks import ClassificationTask
+
+    class Wrapped(torch.nn.Module):  # the parts under other names
+        def __init__(self, backbone, head):
+            super().__init__()
+            self.encoder, self.classifier = backbone, head
+
+    class Renamed(ClassificationTask):
+        def build_model(self, backbone, head):
+            return Wrapped(backbone, head)
+
+    with pytest.raises(ConfigError, match=r"Renamed.build_model returned a Wrapped without backbone and head"):
+        Renamed(num_classes=4, backbone=TINY)

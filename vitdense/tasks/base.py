@@ -113,6 +113,12 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         head = head_factory(head)
         #: the plain model (`vitdense.models`) that this task trains, callable without Lightning
         self.model: nn.Module = self.build_model(encoder, self.configure_head(head, encoder))
+        missing = [name for name in ("backbone", "head") if not isinstance(getattr(self.model, name, None), nn.Module)]
+        if missing:  # (read by parameter groups, freezing, layer decay, checkpoints and load_model)
+            raise ConfigError(
+                f"{type(self).__name__}.build_model returned a {type(self.model).__name__} without "
+                f"{' and '.join(missing)}: the task's model must expose its encoder as .backbone and its head as .head"
+            )
         self.track_pretrained()
         record_head(self.hparams, head)
         metrics = self.configure_metrics()
