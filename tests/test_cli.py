@@ -267,6 +267,12 @@ def test_the_top_level_help_names_vitdense_and_every_command():
         assert f"  {name:<10}  {COMMAND_HELP[name]}" in lines
     assert any(line.startswith("  python -m vitdense.viz ") for line in lines)
     assert any(line.startswith("  python -m vitdense.bench ") for line in lines)
+    # every task family vitdense.tasks exports, and no other (the help was left at the first four once)
+    import vitdense.tasks
+
+    exported = {name for name in vitdense.tasks.__all__ if name.endswith("Task") and name != "BaseTask"}
+    listed = {line.split()[0] for line in lines if line.startswith("  ") and line.split()[0].endswith("Task")}
+    assert listed == exported
 
 
 def test_short_help_and_no_arguments_print_the_same(capsys):

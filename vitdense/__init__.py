@@ -1,5 +1,13 @@
 """vitdense: one Vision Transformer backbone, interchangeable Lightning tasks.
 
+The backbone (`vitdense.backbone`: the paper's ViT and its ResNet hybrid, timm's Eva
+family — DINOv3, EVA-02, Perception Encoder — with timm's names and weights) feeds the task
+families of `vitdense.tasks`: image classification, linear probes, Segmenter semantic
+segmentation, EoMT semantic / instance / panoptic segmentation, DETR and LW-DETR / RF-DETR
+detection, DPT monocular depth, and pre-training without labels (masked patch prediction,
+MAE). `python -m vitdense fit|validate|test|predict|export|serve` runs them from YAML
+(`python -m vitdense --help` lists the commands and families).
+
 `vitdense.load("run.ckpt")` returns a trained checkpoint's predictor: call it on image
 files, PIL images, arrays or tensors and get typed results (`vitdense.predictor`).
 `vitdense.load_model("run.ckpt")` returns its plain model (`vitdense.models`), a module

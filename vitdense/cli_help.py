@@ -11,18 +11,28 @@ import textwrap
 PROG = "python -m vitdense"
 DESCRIPTION = (
     "vitdense is a PyTorch Lightning plugin for Vision Transformer downstream tasks: one ViT backbone "
-    "(timm's names and weights) and task modules for image classification, linear probing, Segmenter-style "
-    "semantic segmentation and DETR-style detection, trained and evaluated from YAML recipes (configs/) "
-    "and used outside the trainer: a checkpoint predicts from Python (vitdense.load), exports to ONNX or "
-    ".pt2, or serves over HTTP."
+    "(timm's names and weights: the paper's ViT and its ResNet hybrid, DINOv3, EVA-02, Perception Encoder) "
+    "whose tokens feed interchangeable task families, trained and evaluated from YAML recipes (configs/) "
+    "and used outside the trainer: a checkpoint predicts from Python (vitdense.load), exports to ONNX, "
+    "torch.export's .pt2 or OpenVINO, or serves over HTTP."
 )
+#: every task family, by its class in `vitdense.tasks` (`model.class_path`), in one line each
+FAMILY_HELP = {
+    "ClassificationTask": "image classification, fine-tuned (the paper's; Mixup / CutMix)",
+    "LinearProbeTask": "linear probes on a frozen backbone (MAE's, DINOv2's)",
+    "SegmentationTask": "semantic segmentation, Segmenter's linear or mask-transformer decoder",
+    "UniversalSegmentationTask": "semantic, instance and panoptic segmentation with EoMT",
+    "DetectionTask": "object detection with DETR's or LW-DETR / RF-DETR's head",
+    "DepthTask": "monocular depth with DPT's head (SILog, MiDaS's losses)",
+    "MaskedImageModelingTask": "pre-training without labels: masked patch prediction, MAE",
+}
 #: every command of `python -m vitdense`, in one line each (LightningCLI's four and vitdense's own)
 COMMAND_HELP = {
     "fit": "train a task from a recipe: --config configs/NAME.yaml",
     "validate": "evaluate a checkpoint on the validation split",
     "test": "evaluate a checkpoint on the test split",
     "predict": "predict images with a checkpoint, written to files",
-    "export": "export a checkpoint's model to ONNX or torch.export's .pt2",
+    "export": "export a checkpoint's model to ONNX, torch.export's .pt2 or OpenVINO",
     "serve": "serve a checkpoint's predictor over HTTP (LitServe)",
 }
 
@@ -32,10 +42,13 @@ def top_level_help() -> str:
     which calls itself "__main__.py" and "Lightning Trainer command line tool", lists only its
     four subcommands and takes seconds to build."""
     commands = "\n".join(f"  {name:<10}  {line}" for name, line in COMMAND_HELP.items())
+    width = max(map(len, FAMILY_HELP))
+    families = "\n".join(f"  {name:<{width}}  {line}" for name, line in FAMILY_HELP.items())
     return (
         f"usage: {PROG} {{{','.join(COMMAND_HELP)}}} [options]\n\n"
         f"{textwrap.fill(DESCRIPTION, 88)}\n\n"
         f"commands:\n{commands}\n\n"
+        f"task families (model.class_path: vitdense.tasks.NAME; a recipe for each in configs/):\n{families}\n\n"
         f"Each command's options: {PROG} COMMAND --help (e.g. {PROG} fit --help).\n\n"
         "Separate modules, each with its own --help:\n"
         "  python -m vitdense.viz    analyses and figures (the ViT paper's, the heads' attention)\n"
