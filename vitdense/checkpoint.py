@@ -8,6 +8,8 @@
   `CheckpointError` naming the file (the command line and `python -m vitdense.viz` use it).
 - `load_task` / `load_model`: the trained task, or just its plain model (`vitdense.models`),
   from a checkpoint alone: no config, no Trainer.
+- `refuse_other_optimizer_groups`: a fit resuming from an optimizer state of other parameter
+  groups (an earlier vitdense's) stops in one `CheckpointError` naming the file and the way on.
 """
 
 from __future__ import annotations
@@ -83,6 +85,29 @@ def under_model(state_dict: dict[str, Any], own_keys: Any) -> dict[str, Any]:
         return state_dict
     own = set(own_keys)
     return {(f"model.{k}" if k not in own and f"model.{k}" in own else k): v for k, v in state_dict.items()}
+
+
+def refuse_other_optimizer_groups(checkpoint: dict[str, Any], sizes: list[int], path: Any) -> None:
+    """One `CheckpointError` naming `path` when the optimizer state a fit would resume from
+    `checkpoint` has other parameter groups than the run's optimizer (`sizes`: its parameters
+    per group). torch refuses such a state too, but deep in Lightning, as a traceback that
+    says neither which file nor what to do. A checkpoint of an earlier vitdense is one:
+    before the "backbone" flag of `vitdense.optim.param_groups`, backbone and head
+    parameters shared their groups (2 groups where there are 4 now)."""
+    states = checkpoint.get("optimizer_states")
+    if not isinstance(states, list) or len(states) != 1 or not isinstance(states[0], dict):
+        return  # no optimizer state (Lightning says so itself) or several optimizers: not a task of the base's
+    saved = [len(group.get("params", ())) for group in states[0].get("param_groups", [])]
+    if saved == list(sizes):
+        return
+    raise CheckpointError(
+        f"ckpt_path {path}: its optimizer state has {len(saved)} parameter groups ({', '.join(map(str, saved))} "
+        f"parameters) where this run's optimizer has {len(sizes)} ({', '.join(map(str, sizes))}), so training cannot "
+        "resume from it (saved by an earlier vitdense, whose backbone and head parameters shared groups, or with "
+        "another backbone lr_scale, layer_decay or freeze); start a new fit from its weights instead: without "
+        f"--ckpt_path, with --model.init_args.backbone.checkpoint={path} (the encoder's weights; the head, "
+        "optimizer and schedule start anew; README: Resuming a run)"
+    )
 
 
 #: the last words of a `ckpt_path` refused for holding objects that could run code

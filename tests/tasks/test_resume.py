@@ -164,3 +164,82 @@ def test_detection_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
     assert diff <= 1e-6
     lrs = [g["lr"] for g in resumed.trainer.optimizers[0].param_groups]
     assert lrs == pytest.approx([g["lr"] for g in uninterrupted.trainer.optimizers[0].param_groups])
+
+
+def as_written_before_backbone_groups(ckpt: dict) -> dict:
+    """`ckpt` as a vitdense before `param_groups` kept backbone and head apart wrote it: the
+    groups of one (lr_scale, weight_decay) merged, in order of first appearance (2 groups
+    where there are 4), the optimizer's per-parameter state renumbered to match, and one
+    entry per group in the schedule's state (checked against a checkpoint of that vitdense,
+    aceb3a8^: the same groups, names and sizes)."""
+    optimizer = ckpt["optimizer_states"][0]
+    merged: dict[tuple, dict] = {}
+    for group in optimizer["param_groups"]:
+        kept = {k: v for k, v in group.items() if k != "backbone"}
+        old = merged.setdefault((group["lr_scale"], group["weight_decay"]), {**kept, "params": [], "names": []})
+        old["params"] += group["params"]
+        old["names"] += group["names"]
+    renumber = {index: new for new, index in enumerate(i for g in merged.values() for i in g["params"])}
+    for group in merged.values():
+        group["params"] = [renumber[i] for i in group["params"]]
+    optimizer["state"] = {renumber[i]: state for i, state in optimizer["state"].items()}
+    optimizer["param_groups"] = list(merged.values())
+    schedule = ckpt["lr_schedulers"][0]
+    for key in ("base_lrs", "_last_lr", "lr_lambdas"):
+        schedule[key] = schedule[key][: len(merged)]
+    return ckpt
+
+
+def test_an_optimizer_state_of_other_groups_is_one_line_and_its_weights_start_a_new_fit(tmp_path, monkeypatch, capsys):
+    """A last.ckpt of an earlier vitdense (issue 40: 2 optimizer groups, 4 now) stopped `fit
+    --ckpt_path` with torch's "loaded state dict has a different number of parameter groups"
+    traceback from deep in Lightning. Now one line names the file and the way on: a new fit
+    from its weights, which works from the command line (the encoder) and from Python (the
+    whole task, as README's "Resuming a run" says)."""
+    from functools import partial
+
+    import lightning as L
+
+    from vitdense.checkpoint import Checkpoint
+    from vitdense.cli import main
+    from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
+
+    monkeypatch.chdir(tmp_path)
+    small = ["--data.init_args.train_size=8", "--data.init_args.val_size=4", "--data.init_args.img_size=32"]
+    small += ["--data.init_args.loader.batch_size=4", "--model.init_args.backbone.model_args={depth: 1}"]
+    small += ["--trainer.max_steps=1", "--trainer.limit_val_batches=1", "--trainer.logger=false"]
+    small += ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+    args = ["fit", "--config", str(DEMO), *small]
+    main(args)
+    old = tmp_path / "old.ckpt"
+    torch.save(as_written_before_backbone_groups(load(tmp_path / "runs/demo_cls/checkpoints/last.ckpt")), old)
+    capsys.readouterr()
+
+    with pytest.raises(SystemExit) as exited:
+        main([*args, f"--ckpt_path={old}"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"vitdense: error: ckpt_path {old}: its optimizer state has 2 parameter groups (14, 6 parameters) where "
+        "this run's optimizer has 4 (13, 5, 1, 1), so training cannot resume from it (saved by an earlier vitdense, "
+        "whose backbone and head parameters shared groups, or with another backbone lr_scale, layer_decay or "
+        "freeze); start a new fit from its weights instead: without --ckpt_path, with "
+        f"--model.init_args.backbone.checkpoint={old} (the encoder's weights; the head, optimizer and schedule "
+        "start anew; README: Resuming a run)"
+    )
+
+    # the way the line names, with a rate of 0: after its one step the encoder still holds the checkpoint's weights
+    weights = load(old)["state_dict"]
+    cli = main([*args, f"--model.init_args.backbone.checkpoint={old}", "--model.init_args.optimizer.init_args.lr=0"])
+    assert cli.trainer.global_step == 1  # a new fit, counted from 0
+    encoder = cli.model.backbone.state_dict()
+    assert all(torch.equal(v, weights[f"model.backbone.{k}"]) for k, v in encoder.items())
+
+    # the whole task (head too), from Python: the checkpoint holds no optimizer or schedule, so give the recipe's
+    task = Checkpoint(old).task_type().load_from_checkpoint(old, optimizer=partial(torch.optim.AdamW, lr=0.0))
+    data = SyntheticClassificationDataModule(img_size=32, train_size=8, val_size=4, loader=LoaderConfig(batch_size=4))
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(task, datamodule=data)
+    assert trainer.global_step == 1
+    assert all(torch.equal(v, weights[k]) for k, v in task.state_dict().items())

@@ -35,6 +35,7 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torchmetrics import MetricCollection
@@ -42,7 +43,7 @@ from torchmetrics import MetricCollection
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
 from vitdense.callbacks import task_callbacks
-from vitdense.checkpoint import record_class_paths, record_inference, under_model
+from vitdense.checkpoint import record_class_paths, record_inference, refuse_other_optimizer_groups, under_model
 from vitdense.errors import ConfigError
 from vitdense.heads.factory import HeadFactory, head_factory, record_head
 from vitdense.metrics import LossMeans
@@ -195,7 +196,16 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         record_inference(checkpoint, datamodule)  # what vitdense.load, serve and export build from
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["state_dict"] = under_model(checkpoint.get("state_dict", {}), self.state_dict())  # older keys
+        own = self.state_dict()
+        checkpoint["state_dict"] = under_model(checkpoint.get("state_dict", {}), own)  # older keys
+        # resuming a fit: its optimizer state must fit the groups configure_optimizers will build, said here before
+        # Lightning restores it (left alone: a subclass's own configure_optimizers; weights that do not fit, which
+        # Lightning reports next, naming their keys)
+        resuming = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        if resuming and type(self).configure_optimizers is BaseTask.configure_optimizers:
+            if set(checkpoint["state_dict"]) == set(own):
+                sizes = [len(group["params"]) for group in self.param_groups()]
+                refuse_other_optimizer_groups(checkpoint, sizes, self.trainer.ckpt_path)
 
     def param_groups(self) -> list[dict]:
         """Optimizer parameter groups; a group's `lr_scale` multiplies the optimizer's rate."""
