@@ -416,7 +416,7 @@ class ImageDataModule(L.LightningDataModule):
         task = self.trainer.lightning_module if self.trainer is not None else None
         make = getattr(task, "predict_sample", None)
         if make is None:
-            make = partial(unlabeled, self.sample_type.unlabeled, ignore_index=self.ignore_index)
+            make = partial(self.sample_type.unlabeled, ignore_index=self.ignore_index)
         return PredictSample(make, preprocess)
 
     def _loader(self, dataset: Dataset | None, split: str) -> DataLoader:
@@ -455,10 +455,3 @@ class ImageDataModule(L.LightningDataModule):
 
 
 torch.serialization.add_safe_globals([LoaderConfig])
-
-
-def unlabeled(
-    make: Callable[..., Any], image: torch.Tensor, size: tuple[int, int], index: int, ignore_index: int
-) -> Any:
-    """`make(image, size, index, ignore_index)`: a `sample_type.unlabeled` in `predict_sample`'s form."""
-    return make(image, size, index, ignore_index)
