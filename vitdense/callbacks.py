@@ -216,11 +216,12 @@ class ResultWriter(BasePredictionWriter):
             return
         dataset = predicted_dataset(trainer, dataloader_idx)
         indexes = batch_indexes(batch, batch_indices)
+        paths = [sample_path(dataset, i) for i in indexes]
         context = ResultContext(
             class_names=pl_module.class_names,
             labels=labels_of(trainer.datamodule, dataset),
-            sizes=original_sizes(batch, dataset, indexes),
-            sources=[str(p) if (p := sample_path(dataset, i)) is not None else None for i in indexes],
+            sizes=original_sizes(batch, paths),
+            sources=[str(p) if p is not None else None for p in paths],
             indexes=indexes,
             image_ids=[dataset_image_id(dataset, i) for i in indexes],
             file_names=[dataset.file_names[i] if hasattr(dataset, "file_names") else None for i in indexes],
@@ -333,18 +334,18 @@ def batch_indexes(batch: Any, batch_indices: Any) -> list[int]:
     return [int(i) for i in batch_indices]
 
 
-def original_sizes(batch: Any, dataset: Any = None, indexes: Sequence[int] = ()) -> list[tuple[int, int]]:
+def original_sizes(batch: Any, paths: Sequence[Path | None] = ()) -> list[tuple[int, int]]:
     """Each image's (H0, W0) as given: what the batch says its predictions are made at
     (detection's and sliced images' `orig_sizes`, segmentation's and depth's label-map
     sizes), else the image file's own size (upright; read from its header), else, for
-    images held in memory without one, the size the model saw."""
+    images held in memory without one, the size the model saw. `paths`: each image's file
+    (`sample_path`), or None."""
     sizes = field(batch, "orig_sizes")
     if sizes is not None:
         return [(int(h), int(w)) for h, w in sizes]
     for name in ("mask_sizes", "depth_sizes"):
         if (given := field(batch, name)) is not None and not isinstance(given, tuple):
             return [tuple(s) for s in given.sizes]
-    paths = [sample_path(dataset, i) for i in indexes] if dataset is not None else []
     if paths and all(p is not None for p in paths):
         from vitdense.data.images import image_size  # (lazily: tasks import no dataset family)
 

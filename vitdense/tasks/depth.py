@@ -114,7 +114,13 @@ class DepthTask(BaseTask):
     result_type: ClassVar[type] = DepthResult
     monitor: ClassVar[str] = "val/abs_rel"
     mode: ClassVar[Literal["min", "max"]] = "min"
-    evaluation_settings: ClassVar[tuple[str, ...]] = ("compile", "min_depth", "max_depth", "crop", "png_scale")
+    evaluation_settings: ClassVar[tuple[str, ...]] = (
+        *BaseTask.evaluation_settings,
+        "min_depth",
+        "max_depth",
+        "crop",
+        "png_scale",
+    )
 
     def __init__(
         self,

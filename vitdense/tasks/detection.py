@@ -93,7 +93,7 @@ class DetectionTask(BaseTask):
     result_type: ClassVar[type] = DetectionResult
     monitor: ClassVar[str] = "val/map"
     mode: ClassVar[Literal["min", "max"]] = "max"
-    evaluation_settings: ClassVar[tuple[str, ...]] = ("compile", "selection", "top_k")
+    evaluation_settings: ClassVar[tuple[str, ...]] = (*BaseTask.evaluation_settings, "selection", "top_k")
 
     def __init__(
         self,

@@ -66,7 +66,7 @@ class SegmentationTask(BaseTask):
     monitor: ClassVar[str] = "val/mIoU"
     mode: ClassVar[Literal["min", "max"]] = "max"
     evaluation_settings: ClassVar[tuple[str, ...]] = (
-        "compile",
+        *BaseTask.evaluation_settings,
         "window",
         "val_stride",
         "test_stride",

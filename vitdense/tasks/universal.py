@@ -157,7 +157,7 @@ class UniversalSegmentationTask(BaseTask):
 
     mode: ClassVar[Literal["min", "max"]] = "max"
     evaluation_settings: ClassVar[tuple[str, ...]] = (
-        "compile",
+        *BaseTask.evaluation_settings,
         "segmentation",
         "evaluate",
         "score_threshold",
