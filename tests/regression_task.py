@@ -24,13 +24,13 @@ from torch import nn
 from torchmetrics import MeanAbsoluteError, MetricCollection
 
 from vitdense.backbone import ViTFeatures
-from vitdense.data.collate import pad_stack
 from vitdense.heads.classification import pool_tokens
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.results import Origin, ResultContext, WriteOptions
+from vitdense.results.common import Origin, ResultContext, WriteOptions
 from vitdense.tasks import BackboneConfig, BaseTask
 from vitdense.tasks.base import DEFAULT_BACKBONE, HeadFactory, Stage
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import ImageSizes, LabeledImages, Losses
+from vitdense.types.collate import pad_stack
 
 
 class ScoreHead(nn.Module):

@@ -17,8 +17,8 @@ from PIL import Image
 
 from tests.data.test_ade20k import label_map, write_pair
 from vitdense.cli import main
+from vitdense.core.errors import DataError
 from vitdense.data import ADE20KDataModule, COCODataModule, ImageFolderDataModule, LoaderConfig, write_synthetic_coco
-from vitdense.errors import DataError
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 RNG = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""vitdense.callbacks.WarmupEMAWeightAveraging: RF-DETR's EMA schedule inside Lightning."""
+"""vitdense.training.callbacks.WarmupEMAWeightAveraging: RF-DETR's EMA schedule inside Lightning."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from vitdense.callbacks import WarmupEMAWeightAveraging
+from vitdense.training.callbacks import WarmupEMAWeightAveraging
 
 
 class Regression(L.LightningModule):

@@ -68,7 +68,10 @@ def test_classification_predicts_a_folder_from_the_checkpoint_alone(trained, tmp
     monkeypatch.chdir(tmp_path)  # no dataset, no config here
     _, ckpt = trained["cls"]
     out = tmp_path / "classes.csv"
-    writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
+    writer = [
+        "--trainer.callbacks+=vitdense.training.callbacks.TopKPredictionWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         predict(ckpt, write_photos(tmp_path / "photos"), *writer)
@@ -85,7 +88,7 @@ def test_segmentation_writes_label_maps_at_each_upright_size(trained, tmp_path, 
     monkeypatch.chdir(tmp_path)
     _, ckpt = trained["seg"]
     out = tmp_path / "masks"
-    writer = ["--trainer.callbacks+=vitdense.callbacks.SegmentationPredictionWriter"]
+    writer = ["--trainer.callbacks+=vitdense.training.callbacks.SegmentationPredictionWriter"]
     writer += [f"--trainer.callbacks.output_dir={out}", "--trainer.callbacks.overlay=true"]
     predict(ckpt, write_photos(tmp_path / "photos"), *writer)
     for name, size in UPRIGHT.items():
@@ -101,7 +104,10 @@ def test_detection_writes_coco_results_with_file_names(trained, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     _, ckpt = trained["det"]
     out = tmp_path / "dets.json"
-    writer = ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    writer = [
+        "--trainer.callbacks+=vitdense.training.callbacks.COCOResultsWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     writer += [f"--trainer.callbacks.draw_dir={tmp_path / 'drawn'}"]
     predict(ckpt, write_photos(tmp_path / "photos"), *writer)
     results = json.loads(out.read_text())
@@ -146,7 +152,10 @@ def test_a_checkpoint_of_pretrained_weights_restores_offline(trained, tmp_path, 
     moved = tmp_path / "from_hub.ckpt"
     torch.save(state, moved)
     out = tmp_path / "classes.csv"
-    writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
+    writer = [
+        "--trainer.callbacks+=vitdense.training.callbacks.TopKPredictionWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     predict(moved, write_photos(tmp_path / "photos"), *writer)
     assert len(list(csv.DictReader(out.open()))) == len(PHOTOS)
 
@@ -165,7 +174,10 @@ def test_a_checkpoint_saved_from_python_loads_and_predicts_alone(fitted_from_pyt
     with torch.no_grad():
         torch.testing.assert_close(model(x), task.model(x))
     out = tmp_path / "classes.csv"
-    writer = ["--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter", f"--trainer.callbacks.output_file={out}"]
+    writer = [
+        "--trainer.callbacks+=vitdense.training.callbacks.TopKPredictionWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         predict(ckpt, write_photos(tmp_path / "photos"), *writer)
@@ -179,8 +191,8 @@ def test_a_checkpoint_saved_from_python_loads_and_predicts_alone(fitted_from_pyt
 
 def test_an_older_python_checkpoint_says_how_to_load_it(fitted_from_python, older_python_checkpoint, capsys):
     """Saved from Python before checkpoints named their classes: the error says how to load it."""
-    from vitdense.checkpoint import load_model
-    from vitdense.errors import CheckpointError
+    from vitdense.core.errors import CheckpointError
+    from vitdense.deploy.checkpoint import load_model
     from vitdense.tasks import ClassificationTask
 
     task, _ = fitted_from_python

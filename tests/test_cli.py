@@ -61,7 +61,7 @@ def test_predict_writes_top_k_with_class_names(tmp_path):
             DEMO,
             f"--trainer.default_root_dir={tmp_path}",
             "--trainer.limit_predict_batches=2",
-            "--trainer.callbacks+=vitdense.callbacks.TopKPredictionWriter",
+            "--trainer.callbacks+=vitdense.training.callbacks.TopKPredictionWriter",
             f"--trainer.callbacks.output_file={out}",
             "--data.init_args.loader.batch_size=4",
         ]
@@ -104,7 +104,7 @@ def test_segmentation_predict_writes_palette_pngs_at_label_size(tmp_path):
             "--config",
             seg,
             f"--trainer.default_root_dir={tmp_path}",
-            "--trainer.callbacks+=vitdense.callbacks.SegmentationPredictionWriter",
+            "--trainer.callbacks+=vitdense.training.callbacks.SegmentationPredictionWriter",
             f"--trainer.callbacks.output_dir={tmp_path / 'pred'}",
             "--data.init_args.img_size=32",
             "--data.init_args.val_size=3",  # (limit_predict_batches=1 would parse as 100%)
@@ -177,7 +177,10 @@ def test_detection_fit_then_test_and_predict_from_its_checkpoint(tmp_path, monke
 
     out = tmp_path / "out" / "detections.json"
     args = ["predict", "--config", config, *small, f"--ckpt_path={ckpt}"]
-    args += ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    args += [
+        "--trainer.callbacks+=vitdense.training.callbacks.COCOResultsWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     args += [f"--trainer.callbacks.draw_dir={tmp_path / 'drawn'}", "--trainer.callbacks.score_threshold=0"]
     predicted = main(args)
     torch = pytest.importorskip("torch")

@@ -226,7 +226,10 @@ def test_coco_recipe_tests_and_predicts_on_the_coco_layout(tmp_path, monkeypatch
     else:
         args += ["--model.init_args.backbone.model_args={depth: 2}"]
     out = tmp_path / "dets.json"
-    writer = ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    writer = [
+        "--trainer.callbacks+=vitdense.training.callbacks.COCOResultsWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     main(["predict", "--config", str(config), *args, *writer])
     results = json.loads(out.read_text())
     truth_path = tmp_path / "coco" / "annotations" / "instances_val2017.json"

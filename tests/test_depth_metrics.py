@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitdense.depth_metrics import DEPTH_METRIC_NAMES, DepthMetrics
+from vitdense.metrics.depth import DEPTH_METRIC_NAMES, DepthMetrics
 
 REFERENCE = Path(__file__).with_name("depth_metrics_reference.pt")
 

@@ -28,7 +28,7 @@ from vitdense.data import (
 )
 from vitdense.heads import DETRHead, EoMTHead, LinearDecoder
 from vitdense.losses import MaskSetCriterion, SetCriterion
-from vitdense.metrics import LossMeans
+from vitdense.metrics.common import LossMeans
 from vitdense.tasks import (
     BackboneConfig,
     ClassificationTask,

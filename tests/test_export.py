@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from vitdense.cli import main
-from vitdense.export import describe, dynamic_lines, exportable, save, trace
-from vitdense.export_runtimes import compile_openvino, onnx_to_openvino, to_half
-from vitdense.models import postprocess
+from vitdense.deploy.export import describe, dynamic_lines, exportable, save, trace
+from vitdense.deploy.runtimes import compile_openvino, onnx_to_openvino, to_half
+from vitdense.models.detection import postprocess
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, LinearProbeTask, SegmentationTask
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -135,7 +135,7 @@ def test_the_exported_graph_equals_eager(exported, task, fmt):
     # (it came out fixed while the check at another size read the example's size off the graph);
     # the OpenVINO IR too, once the antialiased bicubic resample of the position table (which its
     # CPU plugin computes without antialiasing) is replaced by its exact form
-    # (vitdense.export_runtimes)
+    # (vitdense.deploy.runtimes)
     assert written[fmt].fixed_because is None, written[fmt].fixed_because
     assert written[fmt].batch_fixed_because is None, written[fmt].batch_fixed_because
     generator = torch.Generator().manual_seed(1)

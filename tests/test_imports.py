@@ -23,17 +23,31 @@ def test_tasks_do_not_import_the_dataset_families():
 
 
 PACKAGE = Path(__file__).parents[1] / "vitdense"
-#: modules that may not import the layers above them: {module prefix: forbidden prefixes}
-BELOW = {
-    "vitdense.heads": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.backbone": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.losses": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.types": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.draw": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.checkpoint": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.callbacks": ("vitdense.tasks", "vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-    "vitdense.tasks": ("vitdense.cli", "vitdense.viz", "vitdense.trainer"),
-}
+#: the house, lowest floor first (README "Layout"): a module imports its own package and the
+#: floors below, never a package beside it on its floor nor one above. Each family has a
+#: module of its name in the layers it needs (types/depth.py, metrics/depth.py, ...).
+FLOORS = (
+    ("core",),
+    ("types",),
+    ("backbone",),
+    ("heads", "losses", "metrics", "results", "pretrain"),
+    ("models", "deploy"),
+    ("data", "training"),
+    ("tasks",),
+    ("viz",),
+    ("trainer",),
+    ("cli_help",),
+    ("cli",),
+    ("__init__", "__main__"),
+    ("bench",),
+)
+FLOOR = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+
+
+def room(module: str) -> str:
+    """The top-level package or module of vitdense that `module` lives in."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
 def is_module(name: str) -> bool:
@@ -65,22 +79,86 @@ def up_arrows() -> list[str]:
     for path in sorted(PACKAGE.rglob("*.py")):
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
         for imported in sorted(imports_of(path)):
-            under = lambda name, prefix: name == prefix or name.startswith(prefix + ".")  # noqa: E731
-            # the two command lines: `python -m vitdense`, and the benchmarks, which run recipes through it as users do
-            if (
-                under(imported, "vitdense.cli")
-                and module != "vitdense.__main__"
-                and not under(module, "vitdense.bench")
-            ):
+            here, there = room(module), room(imported)
+            if here != there and FLOOR[there] >= FLOOR[here]:
                 arrows.append(f"{module} -> {imported}")
-            for low, forbidden in BELOW.items():
-                if under(module, low) and any(under(imported, f) for f in forbidden):
-                    arrows.append(f"{module} -> {imported}")
     return sorted(set(arrows))
 
 
+def test_every_room_has_a_floor():
+    rooms = {
+        p.stem if p.suffix else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()
+    }
+    assert rooms == set(FLOOR)
+
+
 def test_imports_run_down_the_house_only():
-    """heads, backbone, losses and types never import tasks, cli or viz; tasks never import
-    cli or viz; only `python -m vitdense` imports cli, and the benchmarks (`python -m
-    vitdense.bench`), which run recipes through it (the layers, as README's layout draws them)."""
+    """Every import runs down the floors of `FLOORS` (or stays in its own package): the
+    plumbing imports nothing of vitdense, the contract types only the plumbing, no model
+    part imports data, training or a task, the deployment path no trainer, and only
+    `python -m vitdense` and the benchmarks import the command line."""
     assert up_arrows() == []
+
+
+def test_moved_module_paths_import_the_new_modules_with_a_warning():
+    """Every module path of before the layer-first layout still imports (for one release),
+    as the new module itself, and says where it went."""
+    import importlib
+    import warnings
+
+    from vitdense.core.moved import MOVED
+
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+        sys.modules.pop(old, None)
+
+
+def test_names_of_modules_that_became_packages_still_resolve():
+    import warnings
+
+    import pytest
+
+    from vitdense.data.synthetic.classification import SyntheticClassificationDataModule
+    from vitdense.data.transforms.common import normalization
+    from vitdense.heads.factory import locate
+
+    with pytest.warns(DeprecationWarning, match="vitdense.data.synthetic.classification"):
+        assert locate("vitdense.data.synthetic.SyntheticClassificationDataModule") is SyntheticClassificationDataModule
+    with pytest.warns(DeprecationWarning, match="vitdense.data.transforms.common"):
+        assert locate("vitdense.data.transforms.normalization") is normalization
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError):
+            locate("vitdense.data.synthetic.NoSuchName")
+
+
+def test_a_checkpoint_naming_old_module_paths_loads(fitted_from_python, tmp_path):
+    """A checkpoint written before the layout changed names its DataModule by the old path
+    (and, older still, records no preprocessing, so that DataModule is rebuilt from it):
+    `vitdense.load` gives the same answer as from the checkpoint as written today."""
+    import numpy as np
+    import pytest
+    import torch
+
+    import vitdense
+
+    _, ckpt = fitted_from_python
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    data = state["datamodule_hyper_parameters"]
+    assert data["_class_path"] == "vitdense.data.synthetic.classification.SyntheticClassificationDataModule"
+    data["_class_path"] = "vitdense.data.synthetic.SyntheticClassificationDataModule"
+    state.pop("vitdense_inference")
+    old = tmp_path / "old.ckpt"
+    torch.save(state, old)
+    image = np.random.default_rng(0).integers(0, 255, (40, 48, 3), dtype=np.uint8)
+    expected = vitdense.load(ckpt)(image)
+    with pytest.warns(DeprecationWarning, match="vitdense.data.synthetic.classification"):
+        got = vitdense.load(old)(image)
+    assert got.names == expected.names
+    np.testing.assert_array_equal(got.classes, expected.classes)
+    np.testing.assert_allclose(got.probs, expected.probs, rtol=0, atol=1e-6)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitdense.mask_inference import instance_inference, panoptic_inference, semantic_inference
+from vitdense.models.universal import instance_inference, panoptic_inference, semantic_inference
 
 #: classes 0 and 2 are things, 1, 3 and 4 stuff
 IS_THING = (True, False, True, False, False)

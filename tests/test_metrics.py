@@ -9,7 +9,8 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval, Params
 
-from vitdense.metrics import DetectionMeanAP, SegmentationMetrics
+from vitdense.metrics.detection import DetectionMeanAP
+from vitdense.metrics.segmentation import SegmentationMetrics
 
 
 def numpy_reference(preds, targets, num_classes, ignore_index):

@@ -9,11 +9,13 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader
 
 import vitdense
-from vitdense.checkpoint import load_task
-from vitdense.data.collate import pad_collate
-from vitdense.models import DETRDetector, ImageClassifier, LinearProbe, Segmenter
+from vitdense.deploy.checkpoint import load_task
+from vitdense.models.classification import ImageClassifier, LinearProbe
+from vitdense.models.detection import DETRDetector
+from vitdense.models.segmentation import Segmenter
 from vitdense.tasks import BackboneConfig, LinearProbeTask
 from vitdense.types import BoxTargets, DetectedImages, LabeledImages, SegmentedImages
+from vitdense.types.collate import pad_collate
 
 SIZES = [(32, 40), (27, 32), (32, 32), (20, 36)]
 

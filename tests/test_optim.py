@@ -7,7 +7,7 @@ import torch
 
 from vitdense.backbone import VisionTransformer
 from vitdense.heads import ClassificationHead
-from vitdense.optim import TwoStageWarmupPolyLR, WarmupCosineLR, WarmupMultiStepLR, param_groups
+from vitdense.training.optim import TwoStageWarmupPolyLR, WarmupCosineLR, WarmupMultiStepLR, param_groups
 
 
 def test_param_groups_decay_and_layer_scales():

@@ -15,13 +15,12 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from vitdense.errors import ConfigError
-from vitdense.mask_results import InstanceResult
-from vitdense.metrics import DetectionMeanAP
-from vitdense.panoptic import instance_results, panoptic_png, rgb2id
-from vitdense.panoptic_metrics import PQ_KEYS, InstanceMeanAP, PanopticQuality, instance_ap_inputs
-from vitdense.preprocess import LabelInfo
-from vitdense.results import ResultContext
+from vitdense.core.errors import ConfigError
+from vitdense.core.preprocess import LabelInfo
+from vitdense.metrics.detection import DetectionMeanAP
+from vitdense.metrics.universal import PQ_KEYS, InstanceMeanAP, PanopticQuality, instance_ap_inputs
+from vitdense.results.common import ResultContext
+from vitdense.results.universal import InstanceResult, instance_results, panoptic_png, rgb2id
 from vitdense.types import InstanceMasks, InstancePrediction, PanopticSegments, SegmentTargets
 
 # pycocotools' decode under NumPy 2 (the test's reading of masks, not vitdense's code)
@@ -323,7 +322,7 @@ def test_pq_sums_over_processes_equal_one_process(panoptic_inputs):
 
 def test_pq_takes_contiguous_labels_not_category_ids(panoptic_inputs):
     """The metric knows classes 0..K-1 only; the dataset's ids are mapped where files are read
-    and written (`vitdense.panoptic`), and a category id given as a label is refused."""
+    and written (`vitdense.results.universal`), and a category id given as a label is refused."""
     pred, target = panoptic_inputs[0]
     as_ids = target._replace(labels=torch.tensor(CATEGORY_IDS)[target.labels])
     with pytest.raises(ValueError, match=r"targets\[0\]\.labels has 1\.\.44, outside 0\.\.5: .*category ids"):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-import vitdense.precision as precision
-from vitdense.precision import Bf16Support, cpu_flags, resolve_precision
+import vitdense.core.precision as precision
+from vitdense.core.precision import Bf16Support, cpu_flags, resolve_precision
 from vitdense.trainer import Trainer
 
 NATIVE = Bf16Support(True, "this CPU computes bf16 natively: a bf16 matmul ran 2.0x faster than fp32")
@@ -70,7 +70,7 @@ def test_hidden_bf16_hardware_is_measured_as_emulated():
     if os.uname().machine not in ("x86_64", "AMD64"):
         pytest.skip("the AVX2 limit applies to x86 CPUs")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    code = "from vitdense.precision import cpu_bf16_support as s; r = s(); print(r.native); print(r.reason)"
+    code = "from vitdense.core.precision import cpu_bf16_support as s; r = s(); print(r.native); print(r.reason)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     native, reason = out.stdout.strip().splitlines()
     assert native == "False"

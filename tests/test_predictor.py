@@ -19,9 +19,11 @@ from tests.test_checkpoints import UPRIGHT, write_photos
 from tests.test_models import through_the_trainer
 from tests.test_readme import as_module, code_blocks
 from vitdense.cli import main
-from vitdense.errors import DataError
-from vitdense.predictor import Predictor
-from vitdense.results import ClassificationResult, DetectionResult, SegmentationResult
+from vitdense.core.errors import DataError
+from vitdense.deploy.predictor import Predictor
+from vitdense.results.classification import ClassificationResult
+from vitdense.results.detection import DetectionResult
+from vitdense.results.segmentation import SegmentationResult
 from vitdense.tasks import BackboneConfig, LinearProbeTask
 
 

@@ -1,4 +1,4 @@
-"""The evaluation preprocessing as plain data (`vitdense.preprocess`): equal to every
+"""The evaluation preprocessing as plain data (`vitdense.core.preprocess`): equal to every
 DataModule's evaluation transform to the last bit, recorded in checkpoints, and what
 `vitdense.load` builds from without importing the DataModule or albumentations."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import vitdense
-from vitdense.data.cls_transforms import classification_eval_transforms
-from vitdense.data.det_transforms import detection_eval_transforms
-from vitdense.data.seg_transforms import segmentation_eval_transforms
-from vitdense.errors import ConfigError
-from vitdense.preprocess import CHECKPOINT_KEY, InferenceData, Preprocess
+from vitdense.core.errors import ConfigError
+from vitdense.core.preprocess import CHECKPOINT_KEY, InferenceData, Preprocess
+from vitdense.data.transforms.classification import classification_eval_transforms
+from vitdense.data.transforms.detection import detection_eval_transforms
+from vitdense.data.transforms.segmentation import segmentation_eval_transforms
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 NO_BOXES = {"bboxes": np.zeros((0, 4), np.float32), "labels": np.zeros(0, np.int64)}
@@ -81,7 +81,7 @@ def test_checkpoints_record_it_and_load_builds_from_it_alone(trained, tmp_path):
         "print(r.label_map.shape, sorted(m for m in sys.modules if m.startswith(('vitdense.data', 'albumentations'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "(20, 30) ['vitdense.data', 'vitdense.data.collate', 'vitdense.data.images']"
+    assert out.strip() == "(20, 30) ['vitdense.data', 'vitdense.types.collate', 'vitdense.core.images']"
 
     del state[CHECKPOINT_KEY]
     older = tmp_path / "older.ckpt"

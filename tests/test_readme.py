@@ -131,19 +131,37 @@ def test_contents_lists_every_section():
 
 
 def test_layout_names_every_module():
-    """README's Layout table names every module and package of vitdense/, and nothing that is gone."""
+    """README's Layout table has a row for every package of vitdense/ naming each of its
+    modules, a row for each module at the top, and names nothing that is gone."""
     text = README.read_text()
     start = text.index("\n## Layout\n")
     end = text.find("\n## ", start + 1)
     layout = text[start : end if end >= 0 else len(text)]
-    named = set(re.findall(r"^\| `([^`]+)` \|", layout, re.M))
+    rows = dict(re.findall(r"^\| `(vitdense/[^`]*)` \|(.*)\|$", layout, re.M))
     root = README.parent
     package = root / "vitdense"
-    modules = {p for p in package.rglob("*.py") if p.name not in ("__init__.py", "__main__.py")}
-    packages = {p.parent for p in package.rglob("__init__.py")} - {package}
-    expected = {p.relative_to(root).as_posix() for p in modules}
-    expected |= {p.relative_to(root).as_posix() + "/" for p in packages}
-    missing = sorted(expected - named)
-    assert not missing, f"add {missing} to README's Layout table (`| \\`path\\` | one line from its docstring |`)"
-    gone = sorted(name for name in named if not (root / name).exists())
+    missing = []
+    for folder in sorted({p.parent for p in package.rglob("__init__.py")} - {package}):
+        name = folder.relative_to(root).as_posix() + "/"
+        if name not in rows:
+            missing.append(name)
+            continue
+        named = set(re.findall(r"`([\w]+\.py)`", rows[name]))
+        missing += [
+            f"{name}{p.name}" for p in sorted(folder.glob("*.py")) if p.name != "__init__.py" and p.name not in named
+        ]
+    missing += [
+        p.relative_to(root).as_posix()
+        for p in sorted(package.glob("*.py"))
+        if p.relative_to(root).as_posix() not in rows
+    ]
+    assert not missing, f"add {missing} to README's Layout table (a package's row names each of its modules)"
+    gone = sorted(name for name in rows if not (root / name).exists())
+    gone += [
+        f"{name}{m}"
+        for name, row in rows.items()
+        if name.endswith("/")
+        for m in re.findall(r"`([\w]+\.py)`", row)
+        if not (root / name / m).exists()
+    ]
     assert not gone, f"README's Layout names {gone}, which no longer exist: remove or rename them there"

@@ -248,7 +248,7 @@ def non_loopback_address() -> str | None:
 
 
 def test_the_server_listens_on_this_machine_only_by_default(server_process):
-    from vitdense.serve import parser
+    from vitdense.deploy.serve import parser
 
     assert parser().parse_args(["--ckpt_path=x"]).host == "127.0.0.1"
     url, log = server_process
@@ -317,7 +317,7 @@ def test_another_host_when_asked(trained, monkeypatch, host):
     ],
 )
 def test_a_host_other_machines_can_reach_is_warned_about(host, loopback):
-    from vitdense.serve import exposure_warning, host_is_loopback
+    from vitdense.deploy.serve import exposure_warning, host_is_loopback
 
     assert host_is_loopback(host) is loopback
     warning = exposure_warning(host, 8000, host_is_loopback(host), None)
@@ -333,8 +333,8 @@ def test_a_host_other_machines_can_reach_is_warned_about(host, loopback):
 
 
 def test_a_name_is_loopback_only_when_all_its_addresses_are():
-    from vitdense.errors import ConfigError
-    from vitdense.serve import host_is_loopback
+    from vitdense.core.errors import ConfigError
+    from vitdense.deploy.serve import host_is_loopback
 
     def resolving_to(*addresses):
         return lambda host, port, type: [(socket.AF_INET6, type, 6, "", (a, 0)) for a in addresses]
@@ -351,8 +351,8 @@ def test_a_name_is_loopback_only_when_all_its_addresses_are():
 def test_an_address_this_machine_does_not_have_is_one_line():
     from ipaddress import ip_address
 
-    from vitdense.errors import ConfigError
-    from vitdense.serve import listening_socket
+    from vitdense.core.errors import ConfigError
+    from vitdense.deploy.serve import listening_socket
 
     elsewhere = "203.0.113.7"  # (TEST-NET-3: documentation only, on no interface)
     with pytest.raises(ConfigError, match=rf"--host {elsewhere} --port 8123: cannot listen there \(.+\); give an"):
@@ -360,15 +360,15 @@ def test_an_address_this_machine_does_not_have_is_one_line():
 
 
 def test_the_parser_takes_any_host():
-    from vitdense.serve import parser
+    from vitdense.deploy.serve import parser
 
     for host in ("::1", "localhost", "10.1.2.3", "server.example"):
         assert parser().parse_args(["--ckpt_path=x", f"--host={host}"]).host == host
 
 
 def test_the_key_comes_from_the_environment_variable_named():
-    from vitdense.errors import ConfigError
-    from vitdense.serve import api_key_from_env
+    from vitdense.core.errors import ConfigError
+    from vitdense.deploy.serve import api_key_from_env
 
     assert api_key_from_env(None, {}) is None and api_key_from_env(None, {"LIT_SERVER_API_KEY": ""}) is None
     assert api_key_from_env(None, {"LIT_SERVER_API_KEY": "k"}) == "k"

@@ -1,4 +1,4 @@
-"""Sliced inference (`vitdense.slicing`): the tile grid and the merge give SAHI's numbers, and
+"""Sliced inference (`vitdense.deploy.slicing`): the tile grid and the merge give SAHI's numbers, and
 `vitdense.load`, `predict` and `serve` predict in tiles.
 
 The reference numbers were computed with SAHI 0.12.8's own functions on the same inputs
@@ -15,8 +15,8 @@ import torch
 from torchvision.ops import box_iou, clip_boxes_to_image
 
 import vitdense
-from vitdense.errors import ConfigError
-from vitdense.slicing import SlicedImages, Slicing, _merge_instances, merge_boxes, slice_boxes
+from vitdense.core.errors import ConfigError
+from vitdense.deploy.slicing import SlicedImages, Slicing, _merge_instances, merge_boxes, slice_boxes
 from vitdense.types import InstanceMasks
 
 # (height, width, slice_height, slice_width, overlap_height, overlap_width) -> SAHI's tiles
@@ -213,7 +213,7 @@ def test_predict_and_serve_slice_as_the_predictor_does(det, tmp_path, monkeypatc
 
     from vitdense import serve
     from vitdense.cli import main
-    from vitdense.predictor import Predictor
+    from vitdense.deploy.predictor import Predictor
 
     ckpt, image, predictor = det
     expected = predictor(image)
@@ -254,8 +254,8 @@ def test_a_task_without_objects_is_refused(trained):
 
 def test_sliced_images_batch_themselves(det):
     """`pad_collate` of sliced images (what predict's loader makes) keeps each image whole."""
-    from vitdense.data.collate import pad_collate
-    from vitdense.slicing import SlicedImage
+    from vitdense.deploy.slicing import SlicedImage
+    from vitdense.types.collate import pad_collate
 
     _, image, _ = det
     batch = pad_collate([SlicedImage(image, 3, None, SLICING), SlicedImage(image[:20], 4, None, SLICING)])
@@ -282,10 +282,10 @@ def test_instance_segmentation_slices_and_panoptic_is_refused():
     first); asked for panoptic segments, it is refused."""
     from functools import partial
 
+    from vitdense.core.preprocess import InferenceData, Preprocess
+    from vitdense.deploy.predictor import Predictor
     from vitdense.heads.eomt import EoMTHead
-    from vitdense.mask_results import InstanceResult
-    from vitdense.predictor import Predictor
-    from vitdense.preprocess import InferenceData, Preprocess
+    from vitdense.results.universal import InstanceResult
     from vitdense.tasks import BackboneConfig
     from vitdense.tasks.universal import UniversalSegmentationTask
 

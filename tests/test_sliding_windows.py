@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from vitdense.sliding_windows import segment_image, slide_inference, window_starts
+from vitdense.models.windows import segment_image, slide_inference, window_starts
 
 
 def brute_force_count(h, w, window, stride):

@@ -85,7 +85,7 @@ def test_predict_writes_what_load_returns(fitted, tmp_path):
 def test_the_export_command_answers_as_load(fitted, tmp_path, capsys):
     import onnxruntime
 
-    from vitdense.data.images import decode_image
+    from vitdense.core.images import decode_image
 
     ckpt, photos, loaded = fitted
     main(["export", f"--ckpt_path={ckpt}", "--format=onnx", f"--output={tmp_path / 'score.onnx'}"])

@@ -15,10 +15,10 @@ import vitdense
 from tests.test_checkpoints import run_error
 from vitdense.backbone import create_backbone, read_state_dict
 from vitdense.backbone.config import BackboneConfig
-from vitdense.checkpoint import Checkpoint, load_model, load_task
 from vitdense.cli import main as cli
-from vitdense.errors import CheckpointError
-from vitdense.safe_load import OFFICIAL_GLOBALS, official_globals
+from vitdense.core.errors import CheckpointError
+from vitdense.core.safe_load import OFFICIAL_GLOBALS, official_globals
+from vitdense.deploy.checkpoint import Checkpoint, load_model, load_task
 from vitdense.viz.commands import main as viz
 
 DEMO = str(Path(__file__).parents[1] / "configs" / "demo_cls.yaml")

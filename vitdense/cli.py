@@ -35,11 +35,11 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vitdense.checkpoint import CLASS_PATH_KEY, Checkpoint, load_checkpoint, locate
 from vitdense.cli_help import DESCRIPTION, HELP_ARGS, PROG, print_top_level_help
+from vitdense.core.errors import CheckpointError, ConfigError, DataError, NonFiniteError
 from vitdense.data.base import loader_key_hint
-from vitdense.errors import CheckpointError, ConfigError, DataError, NonFiniteError
-from vitdense.slicing import Slicing, check_sliceable
+from vitdense.deploy.checkpoint import CLASS_PATH_KEY, Checkpoint, load_checkpoint, locate
+from vitdense.deploy.slicing import Slicing, check_sliceable
 from vitdense.tasks import BaseTask
 from vitdense.trainer import Trainer
 
@@ -126,7 +126,7 @@ class VitDenseCLI(LightningCLI):
                 type=Optional[Slicing],  # noqa: UP045 (jsonargparse reads the typing form)
                 default=None,
                 help="predict predict_dir's images in overlapping tiles merged as SAHI merges them (detection, "
-                "instance segmentation; vitdense.slicing), e.g. --slicing.slice_height 512",
+                "instance segmentation; vitdense.deploy.slicing), e.g. --slicing.slice_height 512",
             )
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -468,7 +468,7 @@ def _exit_with(err: BaseException) -> None:
 
 
 #: subcommands beside LightningCLI's: name -> (module whose `main(argv)` runs it, the extra it needs)
-COMMANDS = {"export": ("vitdense.export", "export"), "serve": ("vitdense.serve", "serve")}
+COMMANDS = {"export": ("vitdense.deploy.export", "export"), "serve": ("vitdense.deploy.serve", "serve")}
 
 
 def run_command(name: str, argv: list[str]) -> None:

@@ -16,7 +16,7 @@ from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from vitdense.precision import resolve_precision
+from vitdense.core.precision import resolve_precision
 from vitdense.viz.callbacks import ImagesPerSecond, ValidationImages
 
 #: Lightning's advertisements for its cloud services ("💡 Tip: ... litlogger / litmodels"),

@@ -8,8 +8,8 @@ import torch
 from tests.backbone.test_parity import assert_matches_timm, timm_reference
 from vitdense.backbone import create_backbone
 from vitdense.backbone.rope import _dinov3_traced
-from vitdense.data.collate import pad_stack
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
+from vitdense.types.collate import pad_stack
 
 # (timm name, architecture overrides: 2 blocks and narrow where the model is wide) -- one per RoPE
 # and block kind: DINOv3 (centred coordinates, registers, LayerScale, no table, no qkv bias),

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from vitdense.backbone import create_backbone
-from vitdense.data.collate import pad_stack
+from vitdense.types.collate import pad_stack
 
 
 @pytest.fixture(scope="module")

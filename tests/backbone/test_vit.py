@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from vitdense.backbone import VisionTransformer, ViTFeatures
-from vitdense.data.collate import pad_stack
 from vitdense.types import ImageSizes
+from vitdense.types.collate import pad_stack
 
 
 def tiny(**kwargs) -> VisionTransformer:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vitdense.core.errors import DataError
 from vitdense.data import (
     COCODataModule,
     CocoDetection,
@@ -18,8 +19,7 @@ from vitdense.data import (
     pad_collate,
     write_synthetic_coco,
 )
-from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms, short_side_size
-from vitdense.errors import DataError
+from vitdense.data.transforms.detection import detection_eval_transforms, detection_train_transforms, short_side_size
 
 MEAN = STD = (0.5, 0.5, 0.5)
 

@@ -13,6 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
+from vitdense.core.errors import DataError
+from vitdense.core.preprocess import LabelInfo, Preprocess
 from vitdense.data import (
     CocoInstanceMaskDataModule,
     CocoPanopticDataModule,
@@ -25,11 +27,9 @@ from vitdense.data import (
     panoptic_eval_transforms,
     panoptic_train_transforms,
 )
-from vitdense.data.coco_panoptic import SegmentLayers
-from vitdense.data.panoptic_transforms import resize_masks, scale_jitter_size
-from vitdense.errors import DataError
-from vitdense.panoptic import id2rgb
-from vitdense.preprocess import LabelInfo, Preprocess
+from vitdense.data.transforms.universal import resize_masks, scale_jitter_size
+from vitdense.data.universal import SegmentLayers
+from vitdense.results.universal import id2rgb
 
 REFERENCE = torch.load(Path(__file__).with_name("coco_panoptic_reference.pt"), weights_only=True)
 RAW = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)  # normalisation that leaves pixel / 255

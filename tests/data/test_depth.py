@@ -8,12 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
+from vitdense.core.errors import DataError
 from vitdense.data import LoaderConfig, NYUDepthDataModule, SyntheticDepthDataModule
 from vitdense.data.base import SkipBadSamples
 from vitdense.data.depth import read_depth_png, read_split_file
-from vitdense.data.synthetic_depth import render_scene
-from vitdense.depth_types import DepthImages
-from vitdense.errors import DataError
+from vitdense.data.synthetic.depth import render_scene
+from vitdense.types.depth import DepthImages
 
 SIZE = (24, 32)
 

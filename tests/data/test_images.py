@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vitdense.data.images import apply_orientation, decode_image, find_images, read_image
-from vitdense.errors import DataError
+from vitdense.core.errors import DataError
+from vitdense.core.images import apply_orientation, decode_image, find_images, read_image
 
 
 def asymmetric(h: int = 6, w: int = 9) -> np.ndarray:

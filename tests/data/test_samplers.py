@@ -2,8 +2,8 @@
 
 import torch
 
-from vitdense.data.cls_transforms import classification_train_transforms
 from vitdense.data.samplers import EpochSeededDataset, EvalSampler, TrainSampler
+from vitdense.data.transforms.classification import classification_train_transforms
 
 
 class Numbers(torch.utils.data.Dataset):
@@ -70,8 +70,8 @@ def test_a_samples_augmentation_depends_only_on_seed_epoch_and_index():
 def test_a_position_converts_to_another_layout_by_samples():
     import pytest
 
+    from vitdense.core.errors import ConfigError
     from vitdense.data.samplers import TrainLayout
-    from vitdense.errors import ConfigError
 
     # 2 processes x batch 2 after 3 steps: the first 12 samples of the epoch's permutation
     samplers = [TrainSampler(Numbers(), seed=0, num_replicas=2, rank=r) for r in range(2)]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitdense.data.seg_transforms import (
+from vitdense.data.transforms.segmentation import (
     CatMaxRatioCrop,
     PhotoMetricDistortion,
     RescaleKeepRatio,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vitdense.data import LoaderConfig, PanopticImages, SyntheticPanopticDataModule, write_synthetic_panoptic
-from vitdense.data.synthetic_panoptic import CATEGORIES, MIN_PIXELS, panoptic_scene
+from vitdense.data.synthetic.universal import CATEGORIES, MIN_PIXELS, panoptic_scene
 
 
 def scenes(count: int, size: int = 48, seed: int = 0):

@@ -113,7 +113,7 @@ def test_workers_draw_different_augmentations():
 def test_augmentation_seed_differs_between_ranks(monkeypatch):
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-    from vitdense.data.transforms import process_seed
+    from vitdense.data.transforms.common import process_seed
 
     torch.manual_seed(0)
     monkeypatch.setattr(rank_zero_only, "rank", 0)

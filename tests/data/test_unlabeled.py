@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 from tests.data.test_imagefolder import make_split
+from vitdense.core.errors import DataError
 from vitdense.data import LoaderConfig, UnlabeledImagesDataModule
-from vitdense.errors import DataError
 
 
 def flat_folder(root: Path, count: int = 10) -> Path:

@@ -13,6 +13,7 @@ import torch
 import yaml
 from PIL import Image
 
+from vitdense.core.errors import DataError
 from vitdense.data import (
     COCODataModule,
     LoaderConfig,
@@ -23,7 +24,6 @@ from vitdense.data import (
 )
 from vitdense.data.yolo import main as yolo_main
 from vitdense.data.yolo import read_yolo
-from vitdense.errors import DataError
 
 SMALL = dict(
     img_size=48,
@@ -248,7 +248,10 @@ def through_the_cli(shapes, tmp_path_factory):
     tested = main(["test", "--config", str(path), f"--ckpt_path={ckpt}"])
     out = folder / "detections.json"
     args = ["predict", "--config", str(path), f"--ckpt_path={ckpt}"]
-    args += ["--trainer.callbacks+=vitdense.callbacks.COCOResultsWriter", f"--trainer.callbacks.output_file={out}"]
+    args += [
+        "--trainer.callbacks+=vitdense.training.callbacks.COCOResultsWriter",
+        f"--trainer.callbacks.output_file={out}",
+    ]
     main([*args, "--trainer.callbacks.score_threshold=0"])
     return {k: float(v) for k, v in tested.trainer.callback_metrics.items()}, out
 
@@ -279,7 +282,7 @@ def test_cocoeval_on_the_converted_json_equals_detection_mean_ap(shapes, tmp_pat
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from vitdense.metrics import DetectionMeanAP
+    from vitdense.metrics.detection import DetectionMeanAP
 
     _, root = shapes
     dm = YoloDetectionDataModule(root=str(root), **SMALL)

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from vitdense.backbone import VisionTransformer
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.heads.eomt import EoMTHead, eomt_state_dict
-from vitdense.models import EoMT
+from vitdense.models.universal import EoMT
 from vitdense.types import ImageSizes
 
 REFERENCE = Path(__file__).with_name("eomt_reference.pt")

@@ -4,9 +4,9 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from vitdense.errors import NonFiniteError
+from vitdense.core.errors import NonFiniteError
 from vitdense.losses import HungarianMatcher, IoUAwareBCELoss, SetCriterion, SigmoidFocalLoss, SoftmaxCrossEntropy
-from vitdense.metrics import LossMeans
+from vitdense.metrics.common import LossMeans
 from vitdense.types import BoxTargets, DetectionOutput
 
 # Inputs (3 images, 5 queries, 3 classes + "no object") and the values DETR's own

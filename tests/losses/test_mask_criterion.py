@@ -19,9 +19,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitdense.errors import NonFiniteError
+from vitdense.core.errors import NonFiniteError
 from vitdense.losses import MaskHungarianMatcher, MaskSetCriterion, mask_criterion, point_sample, sample_target_masks
-from vitdense.metrics import LossMeans
+from vitdense.metrics.common import LossMeans
 from vitdense.types import ImageSizes, MaskClassOutput, SegmentTargets
 
 REFERENCE = Path(__file__).with_name("mask_criterion_reference.pt")

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torchmetrics import MetricCollection, SumMetric
 
-from vitdense.callbacks import ResumeRNG, SkippedSamples
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
 from vitdense.heads import ClassificationHead
 from vitdense.heads.factory import HeadSpec
-from vitdense.optim import WarmupCosineLR, WarmupPolyLR
 from vitdense.tasks import BackboneConfig, BaseTask
+from vitdense.training.callbacks import ResumeRNG, SkippedSamples
+from vitdense.training.optim import WarmupCosineLR, WarmupPolyLR
 from vitdense.types import Losses
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 1})
@@ -239,7 +239,7 @@ def test_a_fused_optimizer_clips_under_bf16():
     assert any((a - b).abs().max() > 1e-4 for a, b in zip(fused, clipped_bf16_fit(True, None), strict=True))
 
 
-@pytest.mark.parametrize("where", ["vitdense.checkpoint", "vitdense.tasks.base"])
+@pytest.mark.parametrize("where", ["vitdense.deploy.checkpoint", "vitdense.tasks.base"])
 def test_head_specs_pickled_where_they_lived_still_load(where, tmp_path, monkeypatch):
     """Checkpoints pickled `HeadSpec` under the modules it lived in before `vitdense.heads.factory`."""
     import importlib
@@ -256,7 +256,7 @@ def test_head_specs_pickled_where_they_lived_still_load(where, tmp_path, monkeyp
 def test_a_setup_that_forgets_the_base_is_refused_before_training():
     """A task whose `setup` does not call `super().setup(stage)` never loads its pretrained
     weights: refused when the loop starts, not trained from random weights without a word."""
-    from vitdense.errors import ConfigError
+    from vitdense.core.errors import ConfigError
     from vitdense.tasks import ClassificationTask
 
     class Forgetful(ClassificationTask):
@@ -275,7 +275,7 @@ def test_a_setup_that_forgets_the_base_is_refused_before_training():
 
 
 def test_a_model_without_backbone_or_head_is_refused_when_the_task_is_built():
-    from vitdense.errors import ConfigError
+    from vitdense.core.errors import ConfigError
     from vitdense.tasks import ClassificationTask
 
     class Wrapped(torch.nn.Module):  # the parts under other names

@@ -72,7 +72,7 @@ def test_a_checkpoint_from_before_the_head_followed_the_backbone_loads_as_record
     record still starts at zero."""
     import lightning as L
 
-    from vitdense.checkpoint import head_factory
+    from vitdense.deploy.checkpoint import head_factory
 
     task = ClassificationTask(num_classes=3, backbone=BackboneConfig(**TINY))
     task.hparams["head"] = {

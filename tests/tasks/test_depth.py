@@ -14,16 +14,16 @@ from PIL import Image
 
 import vitdense
 from vitdense.cli import main
-from vitdense.data.collate import pad_collate
-from vitdense.depth_results import DepthResult
-from vitdense.depth_types import DepthImages
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.heads import DPTHead
 from vitdense.heads.dpt import dpt_hooks
 from vitdense.losses import ScaleShiftInvariantLoss, compute_scale_and_shift
-from vitdense.models import DPT
+from vitdense.models.depth import DPT
+from vitdense.results.depth import DepthResult
 from vitdense.tasks import BackboneConfig, DepthTask
 from vitdense.tasks.depth import align_inverse_depth
+from vitdense.types.collate import pad_collate
+from vitdense.types.depth import DepthImages
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4})
 HEAD = partial(DPTHead, features=16, out_channels=(8, 8, 16, 16))
@@ -235,7 +235,7 @@ def test_predict_on_a_split_names_each_file_after_its_image(fitted, tmp_path):
 
 
 def test_load_draws_and_serves_the_depth(fitted):
-    from vitdense.serve import PredictorAPI
+    from vitdense.deploy.serve import PredictorAPI
 
     _, ckpt = fitted
     image = np.random.default_rng(1).integers(0, 256, (30, 44, 3), dtype=np.uint8)
@@ -262,7 +262,7 @@ def test_onnx_equals_eager(fitted, tmp_path):
     sizes costs 3x as much (12 s); dynamic sizes are tested in tests/test_export.py."""
     import onnxruntime
 
-    from vitdense.export import export_checkpoint
+    from vitdense.deploy.export import export_checkpoint
 
     _, ckpt = fitted
     size = (32, 48)
@@ -279,7 +279,7 @@ def test_onnx_equals_eager(fitted, tmp_path):
     assert depth.shape == (2, 1, *size)
     torch.testing.assert_close(torch.from_numpy(depth), expected, atol=1e-4, rtol=1e-4)
     # OpenVINO IR, as `--format openvino` converts it from this ONNX file, in fp32
-    from vitdense.export_runtimes import compile_openvino, onnx_to_openvino
+    from vitdense.deploy.runtimes import compile_openvino, onnx_to_openvino
 
     onnx_to_openvino(path, tmp_path / "dpt.xml")
     (depth,) = compile_openvino(tmp_path / "dpt.xml", "f32")(raw.numpy()).values()

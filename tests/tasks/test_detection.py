@@ -12,16 +12,17 @@ import yaml
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from vitdense.callbacks import COCOResultsWriter
+from vitdense.core.errors import ConfigError, NonFiniteError
+from vitdense.core.preprocess import LabelInfo
 from vitdense.data import CocoDetection, load_coco, pad_collate, write_synthetic_coco
-from vitdense.data.det_transforms import detection_eval_transforms
-from vitdense.errors import ConfigError, NonFiniteError
+from vitdense.data.transforms.detection import detection_eval_transforms
 from vitdense.heads import DETRHead
 from vitdense.heads.detr import inverse_sigmoid
-from vitdense.models import postprocess
-from vitdense.preprocess import LabelInfo
-from vitdense.results import DetectionResult, ResultContext
+from vitdense.models.detection import postprocess
+from vitdense.results.common import ResultContext
+from vitdense.results.detection import DetectionResult
 from vitdense.tasks import BackboneConfig, DetectionTask
+from vitdense.training.callbacks import COCOResultsWriter
 from vitdense.types import DetectionOutput
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2, "patch_size": 8})

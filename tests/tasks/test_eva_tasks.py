@@ -13,7 +13,7 @@ import torch
 import vitdense
 from tests.conftest import CONFIGS
 from vitdense.cli import main
-from vitdense.export import export_checkpoint
+from vitdense.deploy.export import export_checkpoint
 
 DINOV3 = [
     "--model.init_args.backbone.name=vit_small_patch16_dinov3",

@@ -11,7 +11,7 @@ import yaml
 
 from vitdense.backbone.config import BackboneConfig
 from vitdense.cli import main
-from vitdense.export import main as export_main
+from vitdense.deploy.export import main as export_main
 from vitdense.tasks import ClassificationTask, DetectionTask, LinearProbeTask, MaskedImageModelingTask, SegmentationTask
 
 CONFIGS = Path(__file__).parents[2] / "configs"

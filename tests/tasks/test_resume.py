@@ -141,7 +141,7 @@ def test_detection_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
     model["head"]["init_args"].update(dropout=0.1, dec_layers=2)
     model["backbone"]["model_args"]["depth"] = 2
     model["lr_scheduler"] = {
-        "class_path": "vitdense.optim.WarmupMultiStepLR",
+        "class_path": "vitdense.training.optim.WarmupMultiStepLR",
         "init_args": {"milestone_epochs": [1.5], "warmup_steps": 2},
     }
     cfg["data"]["init_args"].update(img_size=32, train_size=24, val_size=2)
@@ -200,9 +200,9 @@ def test_an_optimizer_state_of_other_groups_is_one_line_and_its_weights_start_a_
 
     import lightning as L
 
-    from vitdense.checkpoint import Checkpoint
     from vitdense.cli import main
     from vitdense.data import LoaderConfig, SyntheticClassificationDataModule
+    from vitdense.deploy.checkpoint import Checkpoint
 
     monkeypatch.chdir(tmp_path)
     small = ["--data.init_args.train_size=8", "--data.init_args.val_size=4", "--data.init_args.img_size=32"]

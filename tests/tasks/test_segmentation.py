@@ -2,10 +2,10 @@
 
 import torch
 
-from vitdense.data.collate import pad_collate
 from vitdense.heads import LinearDecoder
 from vitdense.tasks import BackboneConfig, SegmentationTask
 from vitdense.types import SegmentedImages
+from vitdense.types.collate import pad_collate
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32)
 

@@ -15,19 +15,18 @@ from PIL import Image
 
 import vitdense
 from vitdense.cli import main
+from vitdense.core.errors import ConfigError
 from vitdense.data import LoaderConfig, SyntheticSegmentationDataModule, write_synthetic_panoptic
-from vitdense.data.collate import pad_collate
-from vitdense.errors import ConfigError
 from vitdense.heads.eomt import EoMTHead
 from vitdense.losses import MaskSetCriterion
-from vitdense.mask_results import PanopticResult
-from vitdense.metrics import LossMeans
-from vitdense.panoptic import rgb2id
-from vitdense.panoptic_metrics import PanopticQuality
+from vitdense.metrics.common import LossMeans
+from vitdense.metrics.universal import PanopticQuality
+from vitdense.results.universal import PanopticResult, rgb2id
 from vitdense.tasks import BackboneConfig
 from vitdense.tasks.detection import MAP_KEYS
 from vitdense.tasks.universal import UniversalSegmentationTask, label_map_segments
 from vitdense.types import PanopticImages, PanopticSegments, SegmentTargets
+from vitdense.types.collate import pad_collate
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 3})
 HEAD = partial(EoMTHead, num_queries=6, num_blocks=2)
@@ -209,9 +208,9 @@ def test_a_panoptic_models_mask_ap_is_cocoevals_on_its_things(monkeypatch, tmp_p
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from vitdense.mask_results import InstanceResult
-    from vitdense.preprocess import LabelInfo
-    from vitdense.results import ResultContext
+    from vitdense.core.preprocess import LabelInfo
+    from vitdense.results.common import ResultContext
+    from vitdense.results.universal import InstanceResult
 
     panoptic = task(evaluate=["panoptic", "instance"]).eval()
     batch = scene_run(panoptic, monkeypatch)
@@ -346,7 +345,7 @@ def test_predict_writes_coco_panoptic_files_that_score_as_test(fitted, tmp_path)
 
 
 def test_load_draws_and_serves_the_panoptic_result(fitted):
-    from vitdense.serve import PredictorAPI
+    from vitdense.deploy.serve import PredictorAPI
 
     _, ckpt, _ = fitted
     predictor = vitdense.load(ckpt)
@@ -370,7 +369,7 @@ def test_load_draws_and_serves_the_panoptic_result(fitted):
 def test_export_gives_the_eager_class_probabilities_and_masks(fitted, tmp_path):
     import onnxruntime
 
-    from vitdense.export import export_checkpoint
+    from vitdense.deploy.export import export_checkpoint
 
     _, ckpt, _ = fitted
     path, traced, outputs = export_checkpoint(ckpt, "onnx", tmp_path / "eomt.onnx")
@@ -388,7 +387,7 @@ def test_export_gives_the_eager_class_probabilities_and_masks(fitted, tmp_path):
     torch.testing.assert_close(torch.from_numpy(masks), expected[1], atol=1e-3, rtol=1e-4)
     assert masks.shape[-2:] == (40, 24)
     # OpenVINO IR, as `--format openvino` converts it from this ONNX file, in fp32
-    from vitdense.export_runtimes import compile_openvino, onnx_to_openvino
+    from vitdense.deploy.runtimes import compile_openvino, onnx_to_openvino
 
     onnx_to_openvino(path, tmp_path / "eomt.xml")
     probs, masks = compile_openvino(tmp_path / "eomt.xml", "f32")(raw.numpy()).values()

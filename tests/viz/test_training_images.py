@@ -9,9 +9,9 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from vitdense.core.draw import GREEN, RED, blend, default_palette
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule, SyntheticSegmentationDataModule
-from vitdense.data.synthetic_det import SyntheticDetectionDataModule
-from vitdense.draw import GREEN, RED, blend, default_palette
+from vitdense.data.synthetic.detection import SyntheticDetectionDataModule
 from vitdense.heads import DETRHead
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
 from vitdense.tasks.pictures import draw_classified, draw_detected, draw_segmented

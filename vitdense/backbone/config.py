@@ -9,7 +9,7 @@ import torch
 
 from vitdense.backbone.pretrained import create_backbone
 from vitdense.backbone.vit import VisionTransformer
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

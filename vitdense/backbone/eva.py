@@ -27,7 +27,7 @@ from torch import nn
 
 from vitdense.backbone.attention import Attention, AttnImpl, QkvLayout, Window
 from vitdense.backbone.vit import PatchEmbed
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 
 MlpKind = Literal["gelu", "swiglu", "swiglu_packed"]
 

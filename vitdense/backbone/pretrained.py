@@ -32,8 +32,8 @@ from vitdense.backbone.attention import AttnImpl
 from vitdense.backbone.eva import EvaBlock, eva_arch_from_timm
 from vitdense.backbone.hybrid import HybridEmbed
 from vitdense.backbone.vit import VisionTransformer
-from vitdense.errors import CheckpointError, ConfigError
-from vitdense.safe_load import torch_load
+from vitdense.core.errors import CheckpointError, ConfigError
+from vitdense.core.safe_load import torch_load
 
 _logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def arch_from_timm(ref: nn.Module, model_name: str) -> dict:
 def read_state_dict(path: str | Path, trust: bool = False) -> dict[str, torch.Tensor]:
     """Tensors of a `.safetensors`, `.pth`/`.pt`/`.bin`/`.ckpt` file (CPU).
 
-    Torch files are unpickled without running code from them (`vitdense.safe_load`): tensors,
+    Torch files are unpickled without running code from them (`vitdense.core.safe_load`): tensors,
     plain values and what official checkpoints carry beside them (an `args` Namespace, numpy
     scalars). A file holding other objects raises `CheckpointError`, unless `trust` (a file the
     user trusts: it is then loaded in full, and may run code as it loads).

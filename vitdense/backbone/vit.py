@@ -24,7 +24,8 @@ from torch.utils.checkpoint import checkpoint
 from vitdense.backbone.attention import Attention, AttnImpl, Window
 from vitdense.backbone.pos_embed import GridSize, PosEmbed
 from vitdense.backbone.rope import grid_rotary
-from vitdense.types import ImageSizes, _ceil_div
+from vitdense.types import ImageSizes
+from vitdense.types.common import _ceil_div
 
 
 class ViTFeatures(NamedTuple):

@@ -73,7 +73,7 @@ def build_pair(args: argparse.Namespace) -> tuple[nn.Module, nn.Module]:
 
     from vitdense.backbone import VisionTransformer
     from vitdense.heads.eomt import EoMTHead
-    from vitdense.models import EoMT
+    from vitdense.models.universal import EoMT
 
     torch.manual_seed(0)
     backbone = VisionTransformer(

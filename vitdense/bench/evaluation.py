@@ -93,7 +93,7 @@ def bench_eval(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     """(seconds, AP) of each way to get COCO's AP with per-class figures on the same set."""
     from torchmetrics.detection import MeanAveragePrecision
 
-    from vitdense.metrics import DetectionMeanAP
+    from vitdense.metrics.detection import DetectionMeanAP
 
     preds, targets = synthetic_detections(args.images, args.classes, args.detections)
     results = {}

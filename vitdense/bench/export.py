@@ -20,7 +20,7 @@ def bench_export(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     or fixed to 1 with `--no-dynamic-batch`), alternating, per task."""
     import onnxruntime
 
-    from vitdense.export import exportable, save, trace
+    from vitdense.deploy.export import exportable, save, trace
     from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
 
     model_args = {"depth": args.depth} if args.depth else None

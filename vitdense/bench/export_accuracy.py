@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from vitdense.bench.common import cpu_kind
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 
 
 @dataclass
@@ -34,8 +34,8 @@ def runners(wrapper, folder: Path, traced, outputs: list[str], formats: list[str
     `folder`; and the ONNX export's `Traced` (fixed where its converter needed the fallback)."""
     import onnxruntime
 
-    from vitdense.export import save
-    from vitdense.export_runtimes import compile_openvino, onnx_to_openvino, to_half
+    from vitdense.deploy.export import save
+    from vitdense.deploy.runtimes import compile_openvino, onnx_to_openvino, to_half
 
     def eager(images):
         with torch.inference_mode():
@@ -82,11 +82,11 @@ def pad_to(images: torch.Tensor, size: tuple[int, int], fill: torch.Tensor) -> t
 def bench_export_accuracy(args: argparse.Namespace) -> tuple[str, dict[str, FormatResult]]:
     """Each format over the validation split at batch 1 (formats alternate per image); returns
     the task family ("detection" or "segmentation") and the figures per format."""
-    from vitdense.checkpoint import Checkpoint, load_task
-    from vitdense.export import exportable, trace
-    from vitdense.export_runtimes import cpu_has_bf16
-    from vitdense.predictor import rebuild_datamodule
-    from vitdense.preprocess import InferenceData
+    from vitdense.core.preprocess import InferenceData
+    from vitdense.deploy.checkpoint import Checkpoint, load_task
+    from vitdense.deploy.export import exportable, trace
+    from vitdense.deploy.predictor import rebuild_datamodule
+    from vitdense.deploy.runtimes import cpu_has_bf16
     from vitdense.tasks import DetectionTask, SegmentationTask
 
     found = Checkpoint(args.ckpt_path)

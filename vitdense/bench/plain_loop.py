@@ -85,7 +85,7 @@ class Recipe:
 
     @classmethod
     def of(cls, config: dict[str, Any], epochs: int | None, precision: str | None) -> Recipe:
-        from vitdense.precision import resolve_precision
+        from vitdense.core.precision import resolve_precision
 
         model = config["model"]["init_args"]
         head = (model.get("head") or {}).get("init_args") or {}

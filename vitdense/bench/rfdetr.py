@@ -294,12 +294,12 @@ def onnx_sessions(
 ) -> dict[str, Callable[[], object]]:
     """{name: an onnxruntime run of one image}: rfdetr's own ONNX export (its `OnnxExporter`:
     TorchScript tracing, opset 17; outputs boxes and logits of the queries) and
-    `vitdense.export`'s (the dynamo exporter; normalisation and top-k inside)."""
+    `vitdense.deploy.export`'s (the dynamo exporter; normalisation and top-k inside)."""
     import onnxruntime
     from rfdetr.export._onnx.exporter import OnnxConfig, OnnxExporter
     from rfdetr.export.prepare import prepare_export_graph
 
-    from vitdense.export import exportable, save, trace
+    from vitdense.deploy.export import exportable, save, trace
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

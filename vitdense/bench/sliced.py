@@ -1,4 +1,4 @@
-"""`sliced`: what sliced inference (`vitdense.slicing`, SAHI's) gains where it matters: small
+"""`sliced`: what sliced inference (`vitdense.deploy.slicing`, SAHI's) gains where it matters: small
 objects in large images, with the detection demo's model.
 
 The images are the demo's scenes at another scale: its background (`textured_background`)
@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from vitdense.bench.common import cpu_kind
-from vitdense.data.synthetic import SHAPES, draw_shape, textured_background
-from vitdense.slicing import Slicing
+from vitdense.data.synthetic.classification import SHAPES, draw_shape, textured_background
+from vitdense.deploy.slicing import Slicing
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def bench_sliced(args: argparse.Namespace) -> list[tuple[str, dict[str, float]]]
     merged as each row says (the rows differ only in their merge): a row's time is the tiles'
     forward passes, the whole image's when it has that pass, and its own merge."""
     import vitdense
-    from vitdense.slicing import SlicedImage, merge_tiles, predict_tiles
+    from vitdense.deploy.slicing import SlicedImage, merge_tiles, predict_tiles
 
     if args.threads:
         torch.set_num_threads(args.threads)

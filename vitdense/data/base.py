@@ -25,8 +25,9 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from vitdense.data.collate import pad_collate
-from vitdense.data.images import ImageFiles
+from vitdense.core.errors import DataError
+from vitdense.core.images import ImageFiles
+from vitdense.core.preprocess import PredictSample, Preprocess
 from vitdense.data.samplers import (
     EpochSeededDataset,
     EvalSampler,
@@ -36,11 +37,10 @@ from vitdense.data.samplers import (
     restart_epoch_at,
     resume_position,
 )
-from vitdense.data.transforms import process_seed, resolve_normalization, seed_worker_transforms
-from vitdense.errors import DataError
-from vitdense.preprocess import PredictSample, Preprocess
-from vitdense.slicing import SlicedImage, Slicing
+from vitdense.data.transforms.common import process_seed, resolve_normalization, seed_worker_transforms
+from vitdense.deploy.slicing import SlicedImage, Slicing
 from vitdense.types import LabeledImages
+from vitdense.types.collate import pad_collate
 
 Triple = tuple[float, float, float]
 
@@ -351,7 +351,8 @@ class ImageDataModule(L.LightningDataModule):
             self.hparams["loader"] = asdict(self.hparams["loader"])
         require_positive(img_size=img_size)
         self.img_size = img_size
-        self.loader = loader
+        # a plain dict too: the form a checkpoint records it in (`Checkpoint.data`)
+        self.loader = LoaderConfig(**loader) if isinstance(loader, dict) else loader
         self.mean, self.std = resolve_normalization(backbone, mean, std)
         self.predict_dir = predict_dir
         self._skipping: dict[str, SkipBadSamples] = {}

@@ -15,9 +15,9 @@ import numpy as np
 from torch.utils.data import Dataset
 from torchvision.datasets import CIFAR10, CIFAR100
 
+from vitdense.core.errors import DataError
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.classification import ClassificationDataModule, check_val_fraction, held_out_split
-from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
 _logger = logging.getLogger(__name__)

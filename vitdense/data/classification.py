@@ -12,10 +12,10 @@ from typing import Any
 import albumentations as A
 import numpy as np
 
+from vitdense.core.errors import DataError
+from vitdense.core.preprocess import Preprocess
 from vitdense.data.base import ImageDataModule
-from vitdense.data.cls_transforms import classification_eval_transforms, classification_train_transforms
-from vitdense.errors import DataError
-from vitdense.preprocess import Preprocess
+from vitdense.data.transforms.classification import classification_eval_transforms, classification_train_transforms
 from vitdense.types import LabeledImages
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vitdense.core.errors import DataError
 from vitdense.data.base import LoaderConfig, Triple
 
 # (CocoIndex and load_coco are re-exported: they lived here)
 from vitdense.data.coco_json import LAYOUT, CocoIndex, load_coco, read_categories  # noqa: F401
-from vitdense.data.det_transforms import DETR_SCALES
 from vitdense.data.detection import DetectionDataModule
-from vitdense.errors import DataError
+from vitdense.data.transforms.detection import DETR_SCALES
 
 #: DETR's 2 images per GPU
 COCO_LOADER = LoaderConfig(batch_size=2)

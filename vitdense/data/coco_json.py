@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from vitdense.errors import DataError
+from vitdense.core.errors import DataError
 
 _logger = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from albumentations.pytorch import ToTensorV2
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
+from vitdense.core.errors import DataError
+from vitdense.core.images import read_image, unique_output_names
+from vitdense.core.preprocess import Preprocess
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
-from vitdense.data.images import read_image, unique_output_names
-from vitdense.depth_types import DepthImages
-from vitdense.errors import DataError
-from vitdense.preprocess import Preprocess
+from vitdense.types.depth import DepthImages
 
 _logger = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.ops import box_convert
 
+from vitdense.core.errors import DataError
+from vitdense.core.images import apply_orientation, read_image
+from vitdense.core.preprocess import Preprocess
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
-from vitdense.data.det_transforms import detection_eval_transforms, detection_train_transforms
-from vitdense.data.images import apply_orientation, read_image
-from vitdense.errors import DataError
-from vitdense.preprocess import Preprocess
+from vitdense.data.transforms.detection import detection_eval_transforms, detection_train_transforms
 from vitdense.types import BoxTargets, DetectedImages, EvalTargets
 
 if TYPE_CHECKING:

@@ -16,10 +16,10 @@ from typing import Any
 import albumentations as A
 from torch.utils.data import Dataset
 
+from vitdense.core.errors import DataError
+from vitdense.core.images import IMAGE_SUFFIXES, decode_image
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.classification import ClassificationDataModule, check_val_fraction, held_out_split
-from vitdense.data.images import IMAGE_SUFFIXES, decode_image
-from vitdense.errors import DataError
 from vitdense.types import LabeledImages
 
 _logger = logging.getLogger(__name__)

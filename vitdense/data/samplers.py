@@ -27,7 +27,7 @@ import albumentations as A
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 
 
 def world(num_replicas: int | None = None, rank: int | None = None) -> dict[str, int]:

@@ -24,11 +24,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
+from vitdense.core.errors import DataError
+from vitdense.core.images import apply_orientation, read_image
+from vitdense.core.preprocess import Preprocess
 from vitdense.data.base import ImageDataModule, LoaderConfig, Triple, require_positive
-from vitdense.data.images import apply_orientation, read_image
-from vitdense.data.seg_transforms import segmentation_eval_transforms, segmentation_train_transforms
-from vitdense.errors import DataError
-from vitdense.preprocess import Preprocess
+from vitdense.data.transforms.segmentation import segmentation_eval_transforms, segmentation_train_transforms
 from vitdense.types import SegmentedImages
 
 _logger = logging.getLogger(__name__)

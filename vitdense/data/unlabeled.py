@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from vitdense.core.errors import DataError
+from vitdense.core.images import IMAGE_SUFFIXES, decode_image, find_images
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.classification import ClassificationDataModule, held_out_split, labeled_sample
-from vitdense.data.cls_transforms import classification_train_transforms
-from vitdense.data.images import IMAGE_SUFFIXES, decode_image, find_images
-from vitdense.errors import DataError
+from vitdense.data.transforms.classification import classification_train_transforms
 from vitdense.types import LabeledImages
 
 _logger = logging.getLogger(__name__)

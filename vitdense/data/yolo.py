@@ -47,21 +47,21 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from vitdense.core.errors import DataError
+from vitdense.core.images import _UNREADABLE, IMAGE_SUFFIXES, orientation
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.coco import COCO_LOADER
 from vitdense.data.coco_json import CocoIndex, coco_index
-from vitdense.data.coco_panoptic import (
+from vitdense.data.detection import DetectionDataModule
+from vitdense.data.transforms.detection import DETR_SCALES
+from vitdense.data.transforms.universal import EOMT_SCALE_RANGE
+from vitdense.data.universal import (
     COCO_PANOPTIC_LOADER,
     CocoSegmentsDataModule,
     SegmentCategories,
     SegmentIndex,
     instance_index,
 )
-from vitdense.data.det_transforms import DETR_SCALES
-from vitdense.data.detection import DetectionDataModule
-from vitdense.data.images import _UNREADABLE, IMAGE_SUFFIXES, orientation
-from vitdense.data.panoptic_transforms import EOMT_SCALE_RANGE
-from vitdense.errors import DataError
 
 _logger = logging.getLogger(__name__)
 

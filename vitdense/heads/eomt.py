@@ -24,7 +24,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import LayerNorm2d
 from torch import nn
 
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.types import ImageSizes
 
 _logger = logging.getLogger(__name__)

@@ -88,10 +88,10 @@ def is_spec_data(value: Any) -> bool:
     )
 
 
-# checkpoints written before this module existed name it where it lived: vitdense.checkpoint, and
+# checkpoints written before this module existed name it where it lived: vitdense.deploy.checkpoint, and
 # before that vitdense.tasks.base
 torch.serialization.add_safe_globals(
-    [HeadSpec, (HeadSpec, "vitdense.checkpoint.HeadSpec"), (HeadSpec, "vitdense.tasks.base.HeadSpec")]
+    [HeadSpec, (HeadSpec, "vitdense.deploy.checkpoint.HeadSpec"), (HeadSpec, "vitdense.tasks.base.HeadSpec")]
 )
 
 

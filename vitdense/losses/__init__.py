@@ -3,13 +3,17 @@ share: plain nn.Modules), mask classification's (Mask2Former's point-sampled mat
 criterion), segmentation's per-pixel cross-entropy and monocular depth's SILog and MiDaS's
 scale- and shift-invariant losses."""
 
-from vitdense.losses.class_losses import ClassLoss, IoUAwareBCELoss, SigmoidFocalLoss, SoftmaxCrossEntropy
-from vitdense.losses.depth_losses import ScaleShiftInvariantLoss, SILogLoss, compute_scale_and_shift
-from vitdense.losses.mask_criterion import MaskSetCriterion
-from vitdense.losses.mask_matcher import MaskHungarianMatcher, point_sample, sample_target_masks, uncertain_point_coords
-from vitdense.losses.matcher import HungarianMatcher
-from vitdense.losses.pixel_losses import pixel_cross_entropy
-from vitdense.losses.set_criterion import SetCriterion
+from vitdense.losses.classification import ClassLoss, IoUAwareBCELoss, SigmoidFocalLoss, SoftmaxCrossEntropy
+from vitdense.losses.depth import ScaleShiftInvariantLoss, SILogLoss, compute_scale_and_shift
+from vitdense.losses.detection import HungarianMatcher, SetCriterion
+from vitdense.losses.segmentation import pixel_cross_entropy
+from vitdense.losses.universal import (
+    MaskHungarianMatcher,
+    MaskSetCriterion,
+    point_sample,
+    sample_target_masks,
+    uncertain_point_coords,
+)
 
 __all__ = [
     "ClassLoss",

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.pos_embed import sincos_2d
 from vitdense.backbone.vit import Block
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.pretrain.masking import TokenMasking, corrupt_tokens, random_masking
 from vitdense.pretrain.targets import MeanColorTarget, PatchTarget, PixelTarget, patchify, pixel_validity
 from vitdense.types import ImageSizes

@@ -21,9 +21,9 @@ size, index)` is the sample an image becomes for `predict_step`.
 
 The shared step and the epoch-end metrics and losses live here once; the prediction hooks
 in `vitdense.tasks.predicting`, compiling and FSDP clipping in `vitdense.tasks.running`,
-optimisation in `vitdense.optim`, hub weights in `vitdense.tasks.pretrained`, head, class
-and inference recording in `vitdense.checkpoint`, the callbacks every task adds (resume RNG
-state among them) in `vitdense.callbacks.task_callbacks`.
+optimisation in `vitdense.training.optim`, hub weights in `vitdense.tasks.pretrained`, head, class
+and inference recording in `vitdense.deploy.checkpoint`, the callbacks every task adds (resume RNG
+state among them) in `vitdense.training.callbacks.task_callbacks`.
 """
 
 from __future__ import annotations
@@ -42,16 +42,22 @@ from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
-from vitdense.callbacks import task_callbacks
-from vitdense.checkpoint import record_class_paths, record_inference, refuse_other_optimizer_groups, under_model
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
+from vitdense.deploy.checkpoint import record_class_paths, record_inference, refuse_other_optimizer_groups, under_model
 from vitdense.heads.factory import HeadFactory, head_factory, record_head
-from vitdense.metrics import LossMeans
-from vitdense.models import ImageClassifier
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, param_groups, resolve_schedules
+from vitdense.metrics.common import LossMeans
+from vitdense.models.classification import ImageClassifier
 from vitdense.tasks.predicting import PredictsResults
 from vitdense.tasks.pretrained import PretrainedBackbone, PretrainedLoaded
 from vitdense.tasks.running import RunsOnTrainer
+from vitdense.training.callbacks import task_callbacks
+from vitdense.training.optim import (
+    DEFAULT_LR_SCHEDULER,
+    DEFAULT_OPTIMIZER,
+    optimizer_config,
+    param_groups,
+    resolve_schedules,
+)
 from vitdense.types import ImageSizes, Losses
 
 Stage = Literal["train", "val", "test", "predict"]
@@ -68,7 +74,7 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         class_names: names of the K classes (linked from the DataModule); default "0".."K-1".
         backbone: how to build and train the encoder (`BackboneConfig`).
         optimizer: callable making the optimizer from parameter groups (YAML: class_path).
-        lr_scheduler: callable making the schedule from the optimizer (`vitdense.optim`).
+        lr_scheduler: callable making the schedule from the optimizer (`vitdense.training.optim`).
         lr_interval: step the schedule every optimizer "step" or every "epoch" (its unit).
         compile: compile the backbone and the head with `torch.compile` when the trainer
             sets the model up (True, or a dict of `torch.compile`'s arguments, e.g.
@@ -182,7 +188,7 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         """[H, W, 3] uint8 pictures of the predictions on a validation `batch` (on the model's
         device) beside its truth, for `vitdense.viz.callbacks.ValidationImages` (under no_grad,
         in eval mode). `pixels`: its images un-normalised, [h, w, 3] uint8 each at its own size;
-        `palette`: [K, 3] uint8 class colours. `vitdense.draw` has the pieces. Default: none."""
+        `palette`: [K, 3] uint8 class colours. `vitdense.core.draw` has the pieces. Default: none."""
         return []
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> Any:
@@ -277,7 +283,7 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Skipped-sample counts, resume RNG state, the task's own prediction writer (see
-        `vitdense.callbacks.task_callbacks`), and the check that pretrained weights were
+        `vitdense.training.callbacks.task_callbacks`), and the check that pretrained weights were
         loaded (`PretrainedLoaded`). (vitdense's `Trainer` adds the pictures.)"""
         if self._trainer is None:
             return []

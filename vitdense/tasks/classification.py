@@ -14,12 +14,12 @@ from timm.loss import SoftTargetCrossEntropy
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.heads import ClassificationHead
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.results import ClassificationResult
+from vitdense.results.classification import ClassificationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_classified
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages, Losses
 
 #: the paper's head: a linear layer on the class token, zero-initialised on a pre-trained backbone

@@ -26,18 +26,18 @@ from torch import nn
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
-from vitdense.depth_metrics import DEPTH_METRIC_NAMES, DepthMetrics
-from vitdense.depth_results import DepthResult
-from vitdense.depth_types import DepthImages, DepthOutput, DepthPrediction
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.heads.dpt import DPTHead, dpt_hooks
 from vitdense.heads.factory import HeadSpec, head_factory
-from vitdense.losses.depth_losses import SILogLoss, compute_scale_and_shift
-from vitdense.models import DPT, DepthOutputKind
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.losses.depth import SILogLoss, compute_scale_and_shift
+from vitdense.metrics.depth import DEPTH_METRIC_NAMES, DepthMetrics
+from vitdense.models.depth import DPT, DepthOutputKind
+from vitdense.results.depth import DepthResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_depth
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import Losses, Size
+from vitdense.types.depth import DepthImages, DepthOutput, DepthPrediction
 
 #: the training loss, built without arguments; in YAML a class_path (+ init_args), e.g.
 #: vitdense.losses.ScaleShiftInvariantLoss

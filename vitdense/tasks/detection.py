@@ -20,17 +20,17 @@ from torchmetrics import MetricCollection
 from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer
-from vitdense.draw import resize
-from vitdense.errors import ConfigError, NonFiniteError
+from vitdense.core.draw import resize
+from vitdense.core.errors import ConfigError, NonFiniteError
+from vitdense.deploy.slicing import SlicedImages, predict_sliced
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
-from vitdense.metrics import DetectionMeanAP
-from vitdense.models import DETRDetector, Selection
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.results import DetectionResult
-from vitdense.slicing import SlicedImages, predict_sliced
+from vitdense.metrics.detection import DetectionMeanAP
+from vitdense.models.detection import DETRDetector, Selection
+from vitdense.results.detection import DetectionResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses, Size
 
 #: the loss from the number of classes K: `criterion(num_classes)`; in YAML a class_path
@@ -220,6 +220,6 @@ class DetectionTask(BaseTask):
     def predict_step(self, batch: DetectedImages | SlicedImages | None, batch_idx: int) -> Detections | None:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
-        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.slicing`)
+        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.deploy.slicing`)
             return predict_sliced(self, batch)
         return self.detections(self.forward_batch(batch, "predict"), batch)

@@ -14,14 +14,14 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitdense.backbone import VisionTransformer
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.heads import LinearProbeHead
-from vitdense.models import LinearProbe
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.results import ClassificationResult
+from vitdense.models.classification import LinearProbe
+from vitdense.results.classification import ClassificationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.classification import top_k_prediction
 from vitdense.tasks.pictures import draw_classified
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import ClassPrediction, ImageSizes, LabeledImages, Losses
 
 #: MAE's probe: BatchNorm without affine, then a linear layer

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from vitdense.draw import (
+from vitdense.core.draw import (
     GREEN,
     RED,
     blend,
@@ -194,7 +194,7 @@ def draw_depth(image: np.ndarray, truth: np.ndarray, predicted: np.ndarray) -> n
 
     image [h, w, 3] uint8; truth, predicted [H, W] float metres (truth 0: no measurement).
     """
-    from vitdense.draw import colourise
+    from vitdense.core.draw import colourise
 
     size = display_size(truth.shape[:2])
     valid = truth > 0

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from vitdense.callbacks import ResultWriter
-from vitdense.results import Result, ResultContext
+from vitdense.results.common import Result, ResultContext
+from vitdense.training.callbacks import ResultWriter
 from vitdense.types import LabeledImages, Size
 
 
@@ -29,7 +29,7 @@ class PredictsResults:
     def predict_sample(self, image: torch.Tensor, size: Size, index: int) -> Any:
         """An image to predict on, as this task's `predict_step` takes it (one sample; the
         predictor pads a list of them into a batch): `image` [3, H, W] preprocessed
-        (`vitdense.preprocess.Preprocess`), `size` its (H0, W0) as given. Default: an
+        (`vitdense.core.preprocess.Preprocess`), `size` its (H0, W0) as given. Default: an
         unlabelled `LabeledImages`."""
         return LabeledImages.unlabeled(image, size, index)
 

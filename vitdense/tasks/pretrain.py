@@ -13,11 +13,11 @@ from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
 from vitdense.backbone import VisionTransformer
-from vitdense.models import MaskedImageModel
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
+from vitdense.models.pretrain import MaskedImageModel
 from vitdense.pretrain import MaskedAutoencoder, MaskedImageObjective, MaskedImageOutput
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage, follow_grad_checkpointing
 from vitdense.tasks.pictures import draw_masked_patches
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import LabeledImages, Losses
 
 #: an objective from the backbone's width, patch size and input channels:

@@ -20,7 +20,7 @@ from typing import Any
 import lightning as L
 from torch import nn
 
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 
 
 def _mark_weights_loaded(module: nn.Module, incompatible_keys: Any) -> None:

@@ -18,15 +18,15 @@ from torch import nn
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
 from vitdense.heads.segmenter import MaskTransformerDecoder
-from vitdense.losses.pixel_losses import pixel_cross_entropy
-from vitdense.metrics import SegmentationMetrics
-from vitdense.models import Segmenter
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.results import SegmentationResult
+from vitdense.losses.segmentation import pixel_cross_entropy
+from vitdense.metrics.segmentation import SegmentationMetrics
+from vitdense.models.segmentation import Segmenter
+from vitdense.results.segmentation import SegmentationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_segmented
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import Losses, LossSum, SegmentationOutput, SegmentationPrediction, SegmentedImages, Size
 
 #: Segmenter's mask transformer: 2 layers, dropout 0.1, no drop path

@@ -28,20 +28,19 @@ from torch import nn
 from torchmetrics import MetricCollection
 
 from vitdense.backbone import VisionTransformer
-from vitdense.errors import ConfigError
+from vitdense.core.errors import ConfigError
+from vitdense.deploy.slicing import SlicedImages, predict_sliced
 from vitdense.heads.eomt import EoMTHead
 from vitdense.losses import MaskSetCriterion
-from vitdense.mask_inference import instance_inference, panoptic_inference, semantic_inference
-from vitdense.mask_results import InstanceResult, PanopticResult
-from vitdense.metrics import SegmentationMetrics
-from vitdense.models import EoMT
-from vitdense.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.panoptic_metrics import PQ_KEYS, InstanceMeanAP, PanopticQuality
-from vitdense.results import SegmentationResult
-from vitdense.slicing import SlicedImages, predict_sliced
+from vitdense.metrics.segmentation import SegmentationMetrics
+from vitdense.metrics.universal import PQ_KEYS, InstanceMeanAP, PanopticQuality
+from vitdense.models.universal import EoMT, instance_inference, panoptic_inference, semantic_inference
+from vitdense.results.segmentation import SegmentationResult
+from vitdense.results.universal import InstanceResult, PanopticResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.detection import MAP_KEYS, CriterionFactory, map_backend
 from vitdense.tasks.pictures import draw_panoptic, draw_segmented
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import (
     ImageSizes,
     InstanceMasks,
@@ -123,7 +122,7 @@ class UniversalSegmentationTask(BaseTask):
     to lifted (0) between its `attn_mask_annealing_start_steps` and `_end_steps` (EoMT's
     polynomial of power 0.9, staggered per block). Evaluation: the last block's prediction,
     without masks once annealed, resized to each image's original size and post-processed
-    (`vitdense.mask_inference`) as EoMT does.
+    (`vitdense.models.universal`) as EoMT does.
 
     Logs `{stage}/loss` (and `loss_ce`, `loss_mask`, `loss_dice` per block), per epoch the
     metrics of `evaluate` (`{stage}/PQ` ... for panoptic, `{stage}/map` ... for instance,
@@ -478,7 +477,7 @@ class UniversalSegmentationTask(BaseTask):
     def predict_step(self, batch: Any, batch_idx: int) -> Any:
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
-        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.slicing`; instances only)
+        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.deploy.slicing`; instances only)
             return predict_sliced(self, batch)
         if isinstance(batch, SegmentedImages):
             return SegmentationPrediction(batch.index, [s[0].argmax(0) for s in self.semantic_logits(batch)])

@@ -22,8 +22,8 @@ from lightning.pytorch.utilities import move_data_to_device, rank_zero_warn
 from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from vitdense.draw import denormalize
-from vitdense.preprocess import LabelInfo
+from vitdense.core.draw import denormalize
+from vitdense.core.preprocess import LabelInfo
 
 
 def log_images(trainer: L.Trainer, tag: str, images: list[np.ndarray], step: int) -> list[Path]:

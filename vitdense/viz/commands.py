@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from vitdense.backbone.vit import PatchEmbed
-from vitdense.errors import ConfigError
-from vitdense.safe_load import TRUST_FLAG
+from vitdense.core.errors import ConfigError
+from vitdense.core.safe_load import TRUST_FLAG
 from vitdense.viz import analysis, figures
 from vitdense.viz.load import Model, load_images, load_model, prepare, split_checkpoint
 

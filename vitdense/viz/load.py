@@ -14,8 +14,8 @@ from PIL import Image
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.backbone import VisionTransformer, create_backbone
-from vitdense.checkpoint import Checkpoint
-from vitdense.errors import CheckpointError, ConfigError, NoTaskError
+from vitdense.core.errors import CheckpointError, ConfigError, NoTaskError
+from vitdense.deploy.checkpoint import Checkpoint
 
 #: weight files that are never Lightning checkpoints
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".bin")
@@ -114,7 +114,7 @@ def _from_task(found: Checkpoint, img_size: int | None) -> Model:
 
 def load_images(paths: list[str]) -> list[tuple[str, np.ndarray]]:
     """(name, upright [H, W, 3] uint8) for every image file given or found in the folders given."""
-    from vitdense.data.images import decode_image, find_images
+    from vitdense.core.images import decode_image, find_images
 
     found = []
     for path in map(Path, paths):

@@ -1,0 +1,4 @@
+"""The plumbing every layer may use, importing nothing else of vitdense: errors with the fix
+in their message (`errors`), safe unpickling (`safe_load`), precision (`precision`), image
+files (`images`), the preprocessing a checkpoint records (`preprocess`), the drawing of
+pictures (`draw`) and the module paths of before the layer-first layout (`moved`)."""

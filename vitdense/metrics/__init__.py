@@ -1,0 +1,38 @@
+"""Dataset-level metrics, one module per family: semantic segmentation with mmseg's definitions
+(`.segmentation`), COCO's box mAP (`.detection`), panoptic quality and mask AP (`.universal`),
+depth's error and accuracy measures (`.depth`), the mean evaluation loss (`.common`).
+
+Every name is imported on first use (PEP 562): importing one family's module does not import
+the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: each public name and the module that defines it
+_WHERE = {
+    "WeightedMean": "vitdense.metrics.common",
+    "LossMeans": "vitdense.metrics.common",
+    "SegmentationMetrics": "vitdense.metrics.segmentation",
+    "COCO_IOU_THRESHOLDS": "vitdense.metrics.detection",
+    "COCO_REC_THRESHOLDS": "vitdense.metrics.detection",
+    "DetectionMeanAP": "vitdense.metrics.detection",
+    "PQ_KEYS": "vitdense.metrics.universal",
+    "PanopticQuality": "vitdense.metrics.universal",
+    "InstanceMeanAP": "vitdense.metrics.universal",
+    "instance_ap_inputs": "vitdense.metrics.universal",
+    "DEPTH_METRIC_NAMES": "vitdense.metrics.depth",
+    "EIGEN_CROP": "vitdense.metrics.depth",
+    "garg_crop": "vitdense.metrics.depth",
+    "DepthMetrics": "vitdense.metrics.depth",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)
