@@ -72,6 +72,7 @@ _WHERE = {
     "read_split_file": "vitdense.data.depth",
     "SyntheticDepthDataModule": "vitdense.data.synthetic.depth",
     "write_synthetic_depth": "vitdense.data.synthetic.depth",
+    "MultiTaskDataModule": "vitdense.data.multitask",
     "YoloDetectionDataModule": "vitdense.data.yolo",
     "YoloInstanceMaskDataModule": "vitdense.data.yolo",
     "read_yolo": "vitdense.data.yolo",

@@ -1,0 +1,145 @@
+"""MultiTask: segmentation and depth trained on one encoder from their own DataModules.
+
+What is checked against the single tasks (not against itself): the training loss is the
+weighted sum of each task's own loss on its own batch, and each task's validation figures
+equal that task validated alone with the same weights."""
+
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+
+from vitdense.core.errors import ConfigError
+from vitdense.data import LoaderConfig, SyntheticDepthDataModule, SyntheticSegmentationDataModule
+from vitdense.data.multitask import MultiTaskDataModule
+from vitdense.heads import DPTHead, LinearDecoder
+from vitdense.tasks import BackboneConfig, DepthTask, SegmentationTask
+from vitdense.tasks.multitask import MultiTask
+
+TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4})
+DPT = partial(DPTHead, features=16, out_channels=(8, 8, 16, 16))
+
+
+def tasks(backbone: BackboneConfig = TINY) -> dict:
+    torch.manual_seed(0)
+    return {
+        "seg": SegmentationTask(num_classes=4, head=LinearDecoder, backbone=backbone),
+        "depth": DepthTask(head=DPT, backbone=backbone, max_depth=10.0),
+    }
+
+
+def data(tmp_path) -> dict:
+    loader = LoaderConfig(batch_size=4, num_workers=0)
+    return {
+        "seg": SyntheticSegmentationDataModule(img_size=32, train_size=8, val_size=4, loader=loader),
+        "depth": SyntheticDepthDataModule(
+            root=str(tmp_path / "depth"), img_size=32, train_size=4, val_size=4, loader=loader
+        ),
+    }
+
+
+def trainer(tmp_path, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+        **kwargs,
+    )
+
+
+def test_one_encoder_is_shared_and_stored_once():
+    model = MultiTask(tasks())
+    assert all(t.model.backbone is model.backbone for t in model.tasks.values())
+    n_encoder = sum(p.numel() for p in model.backbone.parameters())
+    assert (
+        sum(p.numel() for p in model.parameters())
+        < sum(sum(p.numel() for p in t.parameters()) for t in tasks().values()) - n_encoder + 1
+    )  # (the second encoder is gone)
+    state = model.state_dict()
+    assert any(k.startswith("backbone.") for k in state)
+    assert not any(".model.backbone." in k for k in state)
+    again = MultiTask(tasks(BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4})))
+    torch.nn.init.zeros_(again.backbone.blocks[0].attn.qkv.weight)
+    again.load_state_dict(state)
+    images = torch.randn(2, 3, 32, 32)
+    model.eval(), again.eval()
+    for name, out in model(images).items():
+        torch.testing.assert_close(again(images)[name], out, rtol=0, atol=0)
+
+
+def test_fit_logs_each_task_and_equals_the_tasks_alone(tmp_path):
+    """Two steps of joint training, then validation: each task's figures under its name equal
+    that task validated alone on the same weights; `val/loss` is their weighted sum; the first
+    training loss is the weighted sum of the tasks' own losses on their batches."""
+    model = MultiTask(tasks(), loss_weights={"seg": 1.0, "depth": 0.5})
+    datamodule = MultiTaskDataModule(data(tmp_path))
+    datamodule.trainer = trainer(tmp_path)
+    datamodule.setup("fit")
+    batches = next(iter(datamodule.train_dataloader()))[0]  # CombinedLoader: (batch, batch_idx, dataloader_idx)
+    expected = sum(
+        w * model.tasks[n].compute_loss(model.tasks[n].forward_batch(batches[n], "train"), batches[n], "train").total
+        for n, w in (("seg", 1.0), ("depth", 0.5))
+    )
+    run = trainer(tmp_path, max_steps=2, limit_val_batches=1)
+    first = {}
+
+    class First(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            first.setdefault("loss", outputs["loss"].detach())
+
+    run.callbacks.append(First())
+    run.fit(model, datamodule=MultiTaskDataModule(data(tmp_path)))
+    torch.testing.assert_close(first["loss"], expected.detach(), rtol=1e-5, atol=1e-6)
+    logged = run.callback_metrics
+    for key in ("train/seg/loss", "train/depth/loss", "val/seg/mIoU", "val/seg/loss", "val/depth/abs_rel", "val/loss"):
+        assert key in logged, key
+    torch.testing.assert_close(logged["val/loss"], logged["val/seg/loss"] + 0.5 * logged["val/depth/loss"])
+
+    for name, data_alone in data(tmp_path).items():
+        alone = trainer(tmp_path, limit_val_batches=1)
+        (figures,) = alone.validate(model.tasks[name], datamodule=data_alone, verbose=False)
+        for key, value in figures.items():
+            joint = logged[key.replace("val/", f"val/{name}/", 1)]
+            assert joint == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_uncertainty_weighting_is_kendalls():
+    model = MultiTask(tasks(), weighting="uncertainty")
+    with torch.no_grad():
+        model.log_vars.copy_(torch.tensor([0.5, -1.0]))
+    losses = {"seg": torch.tensor(2.0), "depth": torch.tensor(3.0)}
+    expected = torch.exp(torch.tensor(-0.5)) * 2.0 + 0.5 + torch.exp(torch.tensor(1.0)) * 3.0 - 1.0
+    torch.testing.assert_close(model.combine(losses), expected)
+    assert any(g.get("names") == ["log_vars"] for g in model.param_groups())
+
+
+def test_parameter_groups_hold_each_parameter_once():
+    model = MultiTask(tasks(), task_lr_scale={"depth": 0.1})
+    groups = model.param_groups()
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len([p for p in model.parameters() if p.requires_grad])
+    depth_head = {id(p) for p in model.tasks["depth"].head.parameters()}
+    for g in groups:
+        if any(id(p) in depth_head for p in g["params"]):
+            assert g["lr_scale"] == pytest.approx(0.1)
+
+
+def test_bad_configurations_are_one_line(tmp_path):
+    other = DepthTask(
+        head=DPT, backbone=BackboneConfig(name="vit_tiny_patch16_224", img_size=48, model_args={"depth": 4})
+    )
+    with pytest.raises(
+        ConfigError, match=r"tasks.other.init_args.backbone differs.*img_size: 32 vs 48.*share one encoder"
+    ):
+        MultiTask(tasks() | {"other": other})
+    with pytest.raises(ConfigError, match="not tasks"):
+        MultiTask(tasks(), loss_weights={"sge": 1.0})
+    with pytest.raises(ConfigError, match="is not a name"):
+        MultiTask({"my task": tasks()["seg"]})
+    with pytest.raises(ConfigError, match=r"tasks without data: \['depth'\]"):
+        MultiTaskDataModule({"seg": data(tmp_path)["seg"]}).check_tasks(["seg", "depth"])

@@ -1,0 +1,369 @@
+"""MultiTask: several vitdense tasks trained on ONE encoder.
+
+Each task keeps its own head, loss, metrics, result type and DataModule; the multi-task
+module owns the one encoder they share (the first task's; every other task's encoder is
+replaced by it, and their settings must agree), the sum of their losses, the optimizer and
+the schedule:
+
+    tasks: {det: DetectionTask(...), seg: SegmentationTask(...)}     (YAML: class_path + init_args each)
+    data:  MultiTaskDataModule(tasks={det: ..., seg: ...})           (the same names)
+
+    training step:  batch {name: that task's batch} -> each task's forward_batch and compute_loss
+                    -> total = sum_k w_k L_k        ("fixed": w_k = loss_weights[k], default 1)
+                     or sum_k exp(-s_k) L_k + s_k   ("uncertainty": s_k = log sigma_k^2 learned,
+                                                    Kendall, Gal & Cipolla, CVPR 2018, eq. 10 as
+                                                    commonly implemented, one s_k per task)
+    validation:     each task's own evaluation on its own data, logged under its name:
+                    val/<name>/loss, val/<name>/mIoU, val/<name>/map, ... and val/loss, the
+                    weighted sum of the tasks' evaluation losses (what `monitor` watches by default)
+
+The tasks' hooks run unchanged: each sees the trainer with its own DataModule as
+`trainer.datamodule`, and what a task logs itself (`self.log`) is logged under its name.
+The encoder's weights are stored once in checkpoints (`backbone.*`), not once per task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
+
+from vitdense.backbone import VisionTransformer
+from vitdense.core.errors import ConfigError
+from vitdense.tasks.base import STAGES, BaseTask, Stage
+from vitdense.training.callbacks import task_callbacks
+from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, resolve_schedules
+
+#: how the tasks' losses add up
+Weighting = Literal["fixed", "uncertainty"]
+#: backbone settings that may differ between the tasks (they describe training, not the encoder)
+_FREE_BACKBONE_SETTINGS = ("checkpoint", "trust_checkpoint", "pretrained")
+
+
+class TaskTrainer:
+    """The trainer as one task of a `MultiTask` sees it: everything the real trainer has,
+    with that task's own DataModule as `datamodule`."""
+
+    def __init__(self, trainer: L.Trainer, datamodule: Any) -> None:
+        self._trainer = trainer
+        self.datamodule = datamodule
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+
+class MultiTask(L.LightningModule):
+    """Several tasks on one encoder.
+
+    Args:
+        tasks: {name: task}: any vitdense task, or one of a user's written to README's "How
+            to add a task" contract (a `BaseTask`). Names are path-safe words; they prefix
+            every logged figure (`val/<name>/...`).
+        loss_weights: {name: w_k} for "fixed" weighting (missing names: 1).
+        weighting: "fixed" (sum_k w_k L_k) or "uncertainty" (learned per-task log variances).
+        task_lr_scale: {name: factor} multiplying that task's head learning rates (the
+            encoder's follow its `backbone` settings: lr_scale, layer_decay, freeze).
+        monitor: the logged figure plateau schedules watch (and the progress bar shows),
+            e.g. "val/seg/mIoU"; default the weighted evaluation loss "val/loss".
+        mode: "min" or "max" for `monitor`.
+        optimizer, lr_scheduler, lr_interval: as every task's (`vitdense.training.optim`).
+    """
+
+    def __init__(
+        self,
+        tasks: dict[str, BaseTask],
+        loss_weights: dict[str, float] | None = None,
+        weighting: Weighting = "fixed",
+        task_lr_scale: dict[str, float] | None = None,
+        monitor: str = "val/loss",
+        mode: Literal["min", "max"] = "min",
+        optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
+        lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
+        lr_interval: Literal["step", "epoch"] = "step",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["tasks", "optimizer", "lr_scheduler"])
+        check_names(tasks)
+        for label, given in (("loss_weights", loss_weights), ("task_lr_scale", task_lr_scale)):
+            unknown = sorted(set(given or {}) - set(tasks))
+            if unknown:
+                raise ConfigError(
+                    f"model.init_args.{label} names {unknown}, which are not tasks: choose from {sorted(tasks)}"
+                )
+        if weighting not in ("fixed", "uncertainty"):
+            raise ConfigError(f"model.init_args.weighting={weighting!r}: choose fixed or uncertainty")
+        if weighting == "uncertainty" and loss_weights:
+            raise ConfigError(
+                "model.init_args.loss_weights are for weighting: fixed; uncertainty weighting learns them"
+            )
+        self.loss_weights = {name: float((loss_weights or {}).get(name, 1.0)) for name in tasks}
+        self.weighting = weighting
+        self.task_lr_scale = {name: float((task_lr_scale or {}).get(name, 1.0)) for name in tasks}
+        self.monitor, self.mode = monitor, mode
+        self.optimizer, self.lr_scheduler, self.lr_interval = optimizer, lr_scheduler, lr_interval
+        first = next(iter(tasks))
+        self.backbone: VisionTransformer = tasks[first].backbone
+        for name, task in tasks.items():
+            check_same_encoder(first, tasks[first], name, task)
+            task.model.backbone = self.backbone  # the one encoder (the others' are dropped here)
+        self.tasks = nn.ModuleDict(tasks)
+        #: "uncertainty": s_k = log sigma_k^2 per task, learned (0: weight 1)
+        self.log_vars = nn.Parameter(torch.zeros(len(tasks))) if weighting == "uncertainty" else None
+        # checkpoints hold the encoder once: each task's copy of its keys is left out and restored from it
+        self._register_state_dict_hook(_drop_shared_keys)
+        self._register_load_state_dict_pre_hook(_restore_shared_keys, with_module=True)
+
+    # ----------------------------------------------------------------- the tasks' view
+    @property
+    def names(self) -> list[str]:
+        return list(self.tasks)
+
+    @contextmanager
+    def _attached(self) -> Iterator[None]:
+        """While the tasks' hooks run: each sees the trainer with its own DataModule, and
+        logs under its name (then each is itself again, e.g. to be validated alone)."""
+        if self._trainer is None:
+            yield
+            return
+        data = getattr(self._trainer, "datamodule", None)
+        per_task = getattr(data, "tasks", {}) if data is not None else {}
+        saved = {name: task._trainer for name, task in self.tasks.items()}
+        for name, task in self.tasks.items():
+            task._trainer = TaskTrainer(self._trainer, per_task.get(name))
+            task.log = self._logger_of(name)  # (an instance attribute shadows the method, until the finally)
+        try:
+            yield
+        finally:
+            for name, task in self.tasks.items():
+                task._trainer = saved[name]
+                task.__dict__.pop("log", None)
+
+    def _logger_of(self, name: str) -> Any:
+        def log(key: str, value: Any, **kwargs: Any) -> None:
+            self.log(named(key, name), value, **kwargs)
+
+        return log
+
+    def prepare_data(self) -> None:
+        with self._attached():
+            for task in self.tasks.values():
+                task.prepare_data()
+
+    def setup(self, stage: str) -> None:
+        with self._attached():
+            for task in self.tasks.values():
+                task.setup(stage)  # hub weights (the shared encoder's, once per task asking), the data's facts
+
+    def configure_model(self) -> None:
+        with self._attached():
+            for task in self.tasks.values():
+                task.configure_model()  # (`compile`, as each task asks)
+
+    def forward(self, images: torch.Tensor, image_sizes: Any = None) -> dict[str, Any]:
+        """{name: that task's model output} for images [B, 3, H, W]."""
+        return {name: task(images, image_sizes) for name, task in self.tasks.items()}
+
+    # ------------------------------------------------------------------------ the loop
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor | None:
+        with self._attached():
+            losses = {}
+            for name, task in self.tasks.items():
+                part = batch.get(name)
+                if part is None:  # that loader is exhausted ("max_size") or every sample was skipped
+                    continue
+                output = task.forward_batch(part, "train")
+                result = task.compute_loss(output, part, "train")
+                log = dict(on_step=True, on_epoch=True, batch_size=part.image.shape[0])
+                self.log(f"train/{name}/loss", result.total, **log)
+                for term, value in result.terms.items():
+                    self.log(f"train/{name}/{term}", value, **log)
+                metrics = task.metrics_of("train")
+                if metrics is not None:
+                    task.update_metrics(metrics, output, part, "train")
+                losses[name] = result.total
+            if not losses:
+                return None
+            total = self.combine(losses)
+            self.log("train/loss", total, prog_bar=True, on_step=True, on_epoch=True, batch_size=1)
+            return total
+
+    def combine(self, losses: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss from the tasks' own totals, by `weighting`."""
+        if self.log_vars is None:
+            return sum(self.loss_weights[name] * loss for name, loss in losses.items())
+        total = 0.0
+        for i, name in enumerate(self.names):
+            if name in losses:
+                s = self.log_vars[i]
+                total = total + torch.exp(-s) * losses[name] + s
+                self.log(f"train/{name}/log_var", s.detach(), on_step=True, on_epoch=False)
+        return total
+
+    def _eval_step(self, batch: Any, dataloader_idx: int, stage: Stage) -> None:
+        with self._attached():
+            if batch is None:
+                return
+            name = self.names[dataloader_idx]
+            task = self.tasks[name]
+            output = task.forward_batch(batch, stage)
+            losses = task.compute_loss(output, batch, stage)
+            metrics = task.metrics_of(stage)
+            if metrics is not None:
+                task.update_metrics(metrics, output, batch, stage)
+            task.eval_losses.update(stage, losses, weight=batch.image.shape[0])
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step(batch, dataloader_idx, "val")
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_step(batch, dataloader_idx, "test")
+
+    def _end_epoch(self, stage: Stage) -> None:
+        """Each task's figures under its name, and the weighted sum of its losses."""
+        with self._attached():
+            total = None
+            for i, (name, task) in enumerate(self.tasks.items()):
+                figures = {}
+                if stage != "train":
+                    losses = task.eval_losses.pop(stage)
+                    if f"{stage}/loss" in losses:
+                        weight = (
+                            self.loss_weights[name] if self.log_vars is None else torch.exp(-self.log_vars[i]).detach()
+                        )
+                        total = weight * losses[f"{stage}/loss"] + (0 if total is None else total)
+                    figures.update(losses)
+                metrics = task.metrics_of(stage)
+                if metrics is not None and metrics:
+                    result = metrics.compute()
+                    figures.update(task.summarize(result, stage))
+                    table = task.format_table(result, stage)
+                    if table and stage != "train" and not self.trainer.sanity_checking:
+                        rank_zero_info(f"[{name}] {table}")
+                    metrics.reset()
+                for key, value in figures.items():
+                    key = named(key, name)
+                    self.log(key, value.float(), prog_bar=key == self.monitor, sync_dist=True)
+            if total is not None:
+                self.log(f"{stage}/loss", total, prog_bar=self.monitor == f"{stage}/loss", sync_dist=True)
+
+    def on_train_epoch_end(self) -> None:
+        self._end_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._end_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._end_epoch("test")
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Skipped-sample counts and the resume RNG state, as every task's (one set: the
+        tasks' own prediction writers belong to predicting, which is per task)."""
+        if self._trainer is None:
+            return []
+        return task_callbacks(self._trainer, None)
+
+    # ------------------------------------------------------------------- optimisation
+    def param_groups(self) -> list[dict]:
+        """Every task's parameter groups (its own `param_groups`: layer decay and the
+        encoder's scales as its backbone settings say), each parameter once: the shared
+        encoder's groups come from the first task; a task's other groups scale by
+        `task_lr_scale`. The uncertainty weights train at the optimizer's rate, no decay."""
+        seen: set[int] = set()
+        groups = []
+        for name, task in self.tasks.items():
+            for group in task.param_groups():
+                params = [p for p in group["params"] if id(p) not in seen]
+                if not params:
+                    continue
+                keep = [i for i, p in enumerate(group["params"]) if id(p) not in seen]
+                seen.update(id(p) for p in params)
+                group = {**group, "params": params}
+                if "names" in group:
+                    group["names"] = [f"tasks.{name}.{group['names'][i]}" for i in keep]
+                if not group.get("backbone"):
+                    group["lr_scale"] = group.get("lr_scale", 1.0) * self.task_lr_scale[name]
+                groups.append(group)
+        if self.log_vars is not None:
+            groups.append({"params": [self.log_vars], "names": ["log_vars"], "lr_scale": 1.0, "weight_decay": 0.0})
+        return groups
+
+    def configure_optimizers(self) -> dict:
+        return optimizer_config(self.optimizer, self.lr_scheduler, self.param_groups(), self.lr_interval, self.monitor)
+
+    def on_train_start(self) -> None:
+        resolve_schedules(self.trainer)
+        with self._attached():
+            for task in self.tasks.values():
+                task.on_train_start()  # (EoMT's annealing continues where a resumed run's step count is)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        with self._attached():
+            for name, task in self.tasks.items():
+                if batch.get(name) is not None:
+                    task.on_train_batch_end(outputs, batch[name], batch_idx)
+
+
+def named(key: str, name: str) -> str:
+    """ "val/mIoU" of task `name` -> "val/<name>/mIoU" (a key without a stage: "<name>/key")."""
+    stage, sep, rest = key.partition("/")
+    return f"{stage}/{name}/{rest}" if sep and stage in (*STAGES, "predict") else f"{name}/{key}"
+
+
+def check_names(tasks: Mapping[str, Any]) -> None:
+    if not tasks:
+        raise ConfigError(
+            "model.init_args.tasks is empty: name at least one task, e.g. tasks: {seg: {class_path: ...}}"
+        )
+    for name, task in tasks.items():
+        if not name.isidentifier():
+            raise ConfigError(
+                f"model.init_args.tasks: {name!r} is not a name (letters, digits and _): it prefixes logged keys"
+            )
+        if not isinstance(task, BaseTask):
+            raise ConfigError(
+                f"model.init_args.tasks.{name} is a {type(task).__name__}, not a vitdense task (a BaseTask subclass)"
+            )
+
+
+def check_same_encoder(first_name: str, first: BaseTask, name: str, task: BaseTask) -> None:
+    """Tasks share an encoder only when they describe the same one (its architecture, size
+    and training settings; where its starting weights come from may differ)."""
+    a, b = first.backbone_config, task.backbone_config
+    if not (dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b)):
+        return
+    differ = [
+        f.name
+        for f in dataclasses.fields(a)
+        if f.name not in _FREE_BACKBONE_SETTINGS and getattr(a, f.name) != getattr(b, f.name, None)
+    ]
+    if differ:
+        shown = ", ".join(f"{k}: {getattr(a, k)!r} vs {getattr(b, k)!r}" for k in differ)
+        raise ConfigError(
+            f"model.init_args.tasks.{name}.init_args.backbone differs from tasks.{first_name}'s ({shown}): the tasks "
+            "share one encoder, so give them one backbone setting (or leave it out of all but the first)"
+        )
+
+
+def _shared_prefixes(module: MultiTask, prefix: str) -> list[str]:
+    return [f"{prefix}tasks.{name}.model.backbone." for name in module.tasks]
+
+
+def _drop_shared_keys(module: MultiTask, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    for key in [k for k in state_dict if any(k.startswith(p) for p in _shared_prefixes(module, prefix))]:
+        del state_dict[key]
+
+
+def _restore_shared_keys(module: MultiTask, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    shared = {
+        k[len(prefix) + len("backbone.") :]: v for k, v in state_dict.items() if k.startswith(f"{prefix}backbone.")
+    }
+    for task_prefix in _shared_prefixes(module, prefix):
+        for key, value in shared.items():
+            state_dict.setdefault(task_prefix + key, value)
