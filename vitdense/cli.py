@@ -488,6 +488,50 @@ def run_command(name: str, argv: list[str]) -> None:
         _exit_with(err)
 
 
+class MultiTaskCLI(VitDenseCLI):
+    """The command line of a `MultiTask` (several tasks on one encoder): each task names
+    its classes and encoder size itself (`tasks.<name>.init_args`), checked against its
+    DataModule at setup; the data normalises as the first task's encoder was pretrained."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments(
+            "model.init_args.tasks", "data.init_args.backbone", _first_backbone_name, apply_on="parse"
+        )
+
+    def _refuse_linked_settings(self) -> None:
+        pass  # (nothing is linked into the tasks)
+
+
+def _first_backbone_name(tasks: Any) -> str | None:
+    """The encoder name of a MultiTask's first task, as parsed (class_path + init_args)."""
+    for spec in (tasks or {}).values():
+        init = spec.get("init_args") if hasattr(spec, "get") else None
+        backbone = init.get("backbone") if init is not None else None
+        return getattr(backbone, "name", None) if not hasattr(backbone, "get") else backbone.get("name")
+    return None
+
+
+def _names_multitask(argv: list[str]) -> bool:
+    """Whether the config files (or a --model given as a class path) name a `MultiTask`."""
+    from vitdense.heads.factory import locate
+
+    paths = [_option(argv, "--model"), _option(argv, "--model.class_path")]
+    for config in _config_files(argv):
+        loaded = yaml.safe_load(config.read_text()) or {}
+        model = loaded.get("model") if isinstance(loaded, dict) else None
+        paths.append(model.get("class_path") if isinstance(model, dict) else None)
+    for path in paths:
+        if isinstance(path, str) and "." in path and not path.lstrip().startswith("{"):
+            try:
+                from vitdense.tasks.multitask import MultiTask
+
+                if issubclass(locate(path), MultiTask):
+                    return True
+            except (ImportError, AttributeError, TypeError):
+                continue
+    return False
+
+
 def main(args: list[str] | None = None) -> VitDenseCLI | None:
     """Run the CLI; `args` as on the command line (tests pass a list)."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -502,8 +546,11 @@ def main(args: list[str] | None = None) -> VitDenseCLI | None:
             warnings.filterwarnings("ignore", message=r"\s*Unable to serialize instance functools.partial")
             # Lightning's own use of a torch API that newer torch deprecates
             warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-            return VitDenseCLI(
-                BaseTask,
+            multitask = _names_multitask(argv)
+            if multitask:
+                from vitdense.tasks.multitask import MultiTask
+            return (MultiTaskCLI if multitask else VitDenseCLI)(
+                MultiTask if multitask else BaseTask,
                 L.LightningDataModule,
                 subclass_mode_model=True,
                 subclass_mode_data=True,

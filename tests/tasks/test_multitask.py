@@ -9,10 +9,13 @@ from functools import partial
 import lightning as L
 import pytest
 import torch
+import yaml
 
+from vitdense.cli import main
 from vitdense.core.errors import ConfigError
 from vitdense.data import LoaderConfig, SyntheticDepthDataModule, SyntheticSegmentationDataModule
 from vitdense.data.multitask import MultiTaskDataModule
+from vitdense.data.transforms.common import normalization
 from vitdense.heads import DPTHead, LinearDecoder
 from vitdense.tasks import BackboneConfig, DepthTask, SegmentationTask
 from vitdense.tasks.multitask import MultiTask
@@ -143,3 +146,87 @@ def test_bad_configurations_are_one_line(tmp_path):
         MultiTask({"my task": tasks()["seg"]})
     with pytest.raises(ConfigError, match=r"tasks without data: \['depth'\]"):
         MultiTaskDataModule({"seg": data(tmp_path)["seg"]}).check_tasks(["seg", "depth"])
+
+
+def multitask_yaml(tmp_path, seg_classes: int = 4) -> str:
+    """The joint fit above as YAML: the command line's route."""
+    backbone = {"name": "vit_tiny_patch16_224", "img_size": 32, "model_args": {"depth": 4}}
+    loader = {"batch_size": 4, "num_workers": 0}
+    config = {
+        "trainer": {
+            "max_steps": 2,
+            "limit_val_batches": 1,
+            "accelerator": "cpu",
+            "enable_progress_bar": False,
+            "default_root_dir": str(tmp_path / "run"),
+            "logger": False,
+        },
+        "model": {
+            "class_path": "vitdense.tasks.multitask.MultiTask",
+            "init_args": {
+                "tasks": {
+                    "seg": {
+                        "class_path": "vitdense.tasks.SegmentationTask",
+                        "init_args": {
+                            "num_classes": seg_classes,
+                            "head": {"class_path": "vitdense.heads.LinearDecoder"},
+                            "backbone": backbone,
+                        },
+                    },
+                    "depth": {
+                        "class_path": "vitdense.tasks.DepthTask",
+                        "init_args": {
+                            "head": {
+                                "class_path": "vitdense.heads.DPTHead",
+                                "init_args": {"features": 16, "out_channels": [8, 8, 16, 16]},
+                            },
+                            "backbone": backbone,
+                        },
+                    },
+                },
+                "monitor": "val/seg/mIoU",
+                "mode": "max",
+            },
+        },
+        "data": {
+            "class_path": "vitdense.data.MultiTaskDataModule",
+            "init_args": {
+                "tasks": {
+                    "seg": {
+                        "class_path": "vitdense.data.SyntheticSegmentationDataModule",
+                        "init_args": {"img_size": 32, "train_size": 8, "val_size": 4, "loader": loader},
+                    },
+                    "depth": {
+                        "class_path": "vitdense.data.SyntheticDepthDataModule",
+                        "init_args": {
+                            "root": str(tmp_path / "depth"),
+                            "img_size": 32,
+                            "train_size": 4,
+                            "val_size": 4,
+                            "loader": loader,
+                        },
+                    },
+                }
+            },
+        },
+    }
+    path = tmp_path / f"multitask_{seg_classes}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return str(path)
+
+
+def test_the_command_line_fits_a_multitask_config(tmp_path, capsys):
+    config = multitask_yaml(tmp_path)
+    cli = main(["fit", "--config", config])
+    model, data = cli.model, cli.datamodule
+    assert isinstance(model, MultiTask) and list(data.tasks) == ["seg", "depth"]
+    assert cli.trainer.global_step == 2 and "val/seg/mIoU" in cli.trainer.callback_metrics
+    # the first task's encoder name reached every task's data: its pretraining mean and std
+    assert data.tasks["depth"].mean == pytest.approx(normalization("vit_tiny_patch16_224")[0])
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", multitask_yaml(tmp_path, seg_classes=5)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "vitdense: error: model.init_args.tasks.seg.init_args.num_classes=5, but data.init_args.tasks.seg has 4 "
+        "classes: set it to 4"
+    )

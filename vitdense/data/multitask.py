@@ -22,6 +22,7 @@ import lightning as L
 from lightning.pytorch.utilities import CombinedLoader
 
 from vitdense.core.errors import ConfigError
+from vitdense.data.transforms.common import resolve_normalization
 
 #: how the training loaders are combined (Lightning's `CombinedLoader` modes)
 TrainMode = Literal["max_size_cycle", "min_size", "max_size"]
@@ -34,9 +35,17 @@ class MultiTaskDataModule(L.LightningDataModule):
         tasks: {name: DataModule}, the names of the model's `tasks` (YAML: class_path +
             init_args each, as a single task's `data`).
         train_mode: how training batches of the tasks are combined (see the module).
+        backbone: the encoder's timm name, whose pretraining mean and std normalise every
+            task's images where its DataModule sets none (linked from the model's first task
+            on the command line, as a single task's data is).
     """
 
-    def __init__(self, tasks: dict[str, L.LightningDataModule], train_mode: TrainMode = "max_size_cycle") -> None:
+    def __init__(
+        self,
+        tasks: dict[str, L.LightningDataModule],
+        train_mode: TrainMode = "max_size_cycle",
+        backbone: str | None = None,
+    ) -> None:
         super().__init__()
         if not tasks:
             raise ConfigError("data.init_args.tasks is empty: give each task of the model its DataModule by name")
@@ -44,28 +53,33 @@ class MultiTaskDataModule(L.LightningDataModule):
             raise ConfigError(f"data.init_args.train_mode={train_mode!r}: choose max_size_cycle, min_size or max_size")
         self.tasks = dict(tasks)
         self.train_mode = train_mode
+        if backbone is not None:  # (the command line links the first task's encoder name)
+            for data in self.tasks.values():
+                if hasattr(data, "mean") and data.hparams.get("mean") is None and data.hparams.get("std") is None:
+                    data.mean, data.std = resolve_normalization(backbone, None, None)
 
     def _share_trainer(self) -> None:
         for data in self.tasks.values():
             data.trainer = self.trainer
 
     def check_tasks(self, names: list[str]) -> None:
-        """One line when the model's tasks and these DataModules are not named alike."""
-        if list(names) != list(self.tasks):
-            missing, extra = sorted(set(names) - set(self.tasks)), sorted(set(self.tasks) - set(names))
+        """One line when the model's tasks and these DataModules are not named alike; then
+        the DataModules in the model's order (evaluation's `dataloader_idx` follows it)."""
+        missing, extra = sorted(set(names) - set(self.tasks)), sorted(set(self.tasks) - set(names))
+        if missing or extra:
             said = "; ".join(
                 s
                 for s in (
                     f"tasks without data: {missing}" if missing else "",
                     f"data without a task: {extra}" if extra else "",
-                    "the same names in another order" if not missing and not extra else "",
                 )
                 if s
             )
             raise ConfigError(
                 f"data.init_args.tasks {list(self.tasks)} and model.init_args.tasks {list(names)} must name the same "
-                f"tasks in the same order ({said})"
+                f"tasks ({said})"
             )
+        self.tasks = {name: self.tasks[name] for name in names}
 
     def prepare_data(self) -> None:
         self._share_trainer()

@@ -157,6 +157,16 @@ class MultiTask(L.LightningModule):
                 task.prepare_data()
 
     def setup(self, stage: str) -> None:
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        if data is not None:
+            if not hasattr(data, "tasks"):
+                raise ConfigError(
+                    f"data: a MultiTask trains from a MultiTaskDataModule (one DataModule per task, by name), "
+                    f"not a {type(data).__name__}"
+                )
+            data.check_tasks(self.names)
+            for name, task in self.tasks.items():
+                check_classes(name, task, data.tasks[name])
         with self._attached():
             for task in self.tasks.values():
                 task.setup(stage)  # hub weights (the shared encoder's, once per task asking), the data's facts
@@ -330,6 +340,24 @@ def check_names(tasks: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"model.init_args.tasks.{name} is a {type(task).__name__}, not a vitdense task (a BaseTask subclass)"
             )
+
+
+def check_classes(name: str, task: BaseTask, data: Any) -> None:
+    """A task's classes are its DataModule's (a single task's are linked from its data by the
+    command line; here each task names them): the count must agree, and the data's names
+    replace default ones ("0", "1", ...)."""
+    count = getattr(data, "num_classes", None)
+    if count is None or getattr(task, "num_classes", None) is None:
+        return
+    if count != task.num_classes:
+        raise ConfigError(
+            f"model.init_args.tasks.{name}.init_args.num_classes={task.num_classes}, but "
+            f"data.init_args.tasks.{name} has {count} classes: set it to {count}"
+        )
+    names = getattr(data, "class_names", None)
+    if names and task.class_names == [str(c) for c in range(task.num_classes)]:
+        task.class_names = list(names)
+        task.hparams["class_names"] = list(names)
 
 
 def check_same_encoder(first_name: str, first: BaseTask, name: str, task: BaseTask) -> None:
