@@ -5,6 +5,7 @@ weighted sum of each task's own loss on its own batch, and each task's validatio
 equal that task validated alone with the same weights."""
 
 from functools import partial
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -148,83 +149,52 @@ def test_bad_configurations_are_one_line(tmp_path):
         MultiTaskDataModule({"seg": data(tmp_path)["seg"]}).check_tasks(["seg", "depth"])
 
 
-def multitask_yaml(tmp_path, seg_classes: int = 4) -> str:
-    """The joint fit above as YAML: the command line's route."""
-    backbone = {"name": "vit_tiny_patch16_224", "img_size": 32, "model_args": {"depth": 4}}
-    loader = {"batch_size": 4, "num_workers": 0}
-    config = {
-        "trainer": {
-            "max_steps": 2,
-            "limit_val_batches": 1,
-            "accelerator": "cpu",
-            "enable_progress_bar": False,
-            "default_root_dir": str(tmp_path / "run"),
-            "logger": False,
-        },
-        "model": {
-            "class_path": "vitdense.tasks.multitask.MultiTask",
-            "init_args": {
-                "tasks": {
-                    "seg": {
-                        "class_path": "vitdense.tasks.SegmentationTask",
-                        "init_args": {
-                            "num_classes": seg_classes,
-                            "head": {"class_path": "vitdense.heads.LinearDecoder"},
-                            "backbone": backbone,
-                        },
-                    },
-                    "depth": {
-                        "class_path": "vitdense.tasks.DepthTask",
-                        "init_args": {
-                            "head": {
-                                "class_path": "vitdense.heads.DPTHead",
-                                "init_args": {"features": 16, "out_channels": [8, 8, 16, 16]},
-                            },
-                            "backbone": backbone,
-                        },
-                    },
-                },
-                "monitor": "val/seg/mIoU",
-                "mode": "max",
-            },
-        },
-        "data": {
-            "class_path": "vitdense.data.MultiTaskDataModule",
-            "init_args": {
-                "tasks": {
-                    "seg": {
-                        "class_path": "vitdense.data.SyntheticSegmentationDataModule",
-                        "init_args": {"img_size": 32, "train_size": 8, "val_size": 4, "loader": loader},
-                    },
-                    "depth": {
-                        "class_path": "vitdense.data.SyntheticDepthDataModule",
-                        "init_args": {
-                            "root": str(tmp_path / "depth"),
-                            "img_size": 32,
-                            "train_size": 4,
-                            "val_size": 4,
-                            "loader": loader,
-                        },
-                    },
-                }
-            },
-        },
+DEMO = Path(__file__).parents[2] / "configs" / "demo_multitask.yaml"
+
+
+def demo_yaml(tmp_path, seg_classes: int = 4) -> str:
+    """configs/demo_multitask.yaml (detection, segmentation and depth on one encoder) on tiny
+    sets for two steps: test_configs.py runs every other recipe; this one runs here."""
+    config = yaml.safe_load(DEMO.read_text())
+    config["trainer"] |= {
+        "max_steps": 2,
+        "limit_val_batches": 1,
+        "val_check_interval": 2,
+        "num_sanity_val_steps": 0,
+        "enable_progress_bar": False,
+        "logger": False,
+        "default_root_dir": str(tmp_path / "run"),
+        "callbacks": [],
     }
+    for name, data in config["data"]["init_args"]["tasks"].items():
+        data["init_args"] |= {
+            "img_size": 32,
+            "train_size": 4,
+            "val_size": 2,
+            "loader": {"batch_size": 2, "num_workers": 0},
+        }
+        if "root" in data["init_args"]:
+            data["init_args"]["root"] = str(tmp_path / name)
+    for task in config["model"]["init_args"]["tasks"].values():
+        task["init_args"]["backbone"] = {**task["init_args"]["backbone"], "img_size": 32}
+    config["model"]["init_args"]["tasks"]["seg"]["init_args"]["num_classes"] = seg_classes
     path = tmp_path / f"multitask_{seg_classes}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return str(path)
 
 
 def test_the_command_line_fits_a_multitask_config(tmp_path, capsys):
-    config = multitask_yaml(tmp_path)
-    cli = main(["fit", "--config", config])
+    cli = main(["fit", "--config", demo_yaml(tmp_path)])
     model, data = cli.model, cli.datamodule
-    assert isinstance(model, MultiTask) and list(data.tasks) == ["seg", "depth"]
-    assert cli.trainer.global_step == 2 and "val/seg/mIoU" in cli.trainer.callback_metrics
+    assert isinstance(model, MultiTask) and list(data.tasks) == ["det", "seg", "depth"]
+    assert all(task.backbone is model.backbone for task in model.tasks.values())
+    assert cli.trainer.global_step == 2
+    for key in ("val/det/map_50", "val/seg/mIoU", "val/depth/abs_rel", "val/loss", "train/det/loss_giou"):
+        assert key in cli.trainer.callback_metrics, key
     # the first task's encoder name reached every task's data: its pretraining mean and std
-    assert data.tasks["depth"].mean == pytest.approx(normalization("vit_tiny_patch16_224")[0])
+    assert data.tasks["depth"].mean == pytest.approx(normalization("vit_tiny_r_s16_p8_224")[0])
     with pytest.raises(SystemExit):
-        main(["fit", "--config", multitask_yaml(tmp_path, seg_classes=5)])
+        main(["fit", "--config", demo_yaml(tmp_path, seg_classes=5)])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
         "vitdense: error: model.init_args.tasks.seg.init_args.num_classes=5, but data.init_args.tasks.seg has 4 "

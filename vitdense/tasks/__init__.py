@@ -6,6 +6,7 @@ from vitdense.tasks.classification import ClassificationTask
 from vitdense.tasks.depth import DepthTask
 from vitdense.tasks.detection import DetectionTask
 from vitdense.tasks.linear_probe import LinearProbeTask
+from vitdense.tasks.multitask import MultiTask
 from vitdense.tasks.pretrain import MaskedImageModelingTask
 from vitdense.tasks.segmentation import SegmentationTask
 from vitdense.tasks.universal import UniversalSegmentationTask
@@ -18,6 +19,7 @@ __all__ = [
     "DetectionTask",
     "LinearProbeTask",
     "MaskedImageModelingTask",
+    "MultiTask",
     "SegmentationTask",
     "UniversalSegmentationTask",
 ]
