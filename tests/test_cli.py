@@ -263,7 +263,7 @@ def test_the_top_level_help_names_vitdense_and_every_command():
     done = subprocess.run([sys.executable, "-m", "vitdense", "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "usage: python -m vitdense {fit,validate,test,predict,export,serve} [options]"
+    assert lines[0] == "usage: python -m vitdense {fit,validate,test,predict,export,serve,combine} [options]"
     assert lines[2].startswith("vitdense is a PyTorch Lightning plugin for Vision Transformer")
     assert "Lightning Trainer command line tool" not in done.stdout and "__main__" not in done.stdout
     for name in ("fit", "validate", "test", "predict", "export", "serve"):

@@ -95,7 +95,7 @@ class VitDenseParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None) -> None:
         message = loader_key_hint(message)
         print(
-            f"vitdense: error: {message.strip()}\n(options: python -m vitdense {{fit,validate,test,predict,export,serve}} --help)",
+            f"vitdense: error: {message.strip()}\n(options: python -m vitdense {{fit,validate,test,predict,export,serve,combine}} --help)",
             file=sys.stderr,
         )
         raise SystemExit(2)
@@ -467,8 +467,12 @@ def _exit_with(err: BaseException) -> None:
     raise SystemExit(2) from err
 
 
-#: subcommands beside LightningCLI's: name -> (module whose `main(argv)` runs it, the extra it needs)
-COMMANDS = {"export": ("vitdense.deploy.export", "export"), "serve": ("vitdense.deploy.serve", "serve")}
+#: subcommands beside LightningCLI's: name -> (module whose `main(argv)` runs it, the extra it needs, if any)
+COMMANDS = {
+    "export": ("vitdense.deploy.export", "export"),
+    "serve": ("vitdense.deploy.serve", "serve"),
+    "combine": ("vitdense.tasks.multitask", None),
+}
 
 
 def run_command(name: str, argv: list[str]) -> None:
@@ -478,7 +482,7 @@ def run_command(name: str, argv: list[str]) -> None:
     try:
         command = importlib.import_module(module)
     except ImportError as err:
-        if err.name is None or err.name.startswith("vitdense"):
+        if err.name is None or err.name.startswith("vitdense") or extra is None:
             raise
         print(f"vitdense: error: {name} needs {err.name}: pip install 'vitdense[{extra}]'", file=sys.stderr)
         raise SystemExit(2) from err

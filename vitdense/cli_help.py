@@ -35,6 +35,7 @@ COMMAND_HELP = {
     "predict": "predict images with a checkpoint, written to files",
     "export": "export a checkpoint's model to ONNX, torch.export's .pt2 or OpenVINO",
     "serve": "serve a checkpoint's predictor over HTTP (LitServe)",
+    "combine": "combine single-task checkpoints on one frozen encoder into one multi-task checkpoint",
 }
 
 

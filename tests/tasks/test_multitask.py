@@ -17,6 +17,7 @@ from vitdense.core.errors import ConfigError
 from vitdense.data import LoaderConfig, SyntheticDepthDataModule, SyntheticSegmentationDataModule
 from vitdense.data.multitask import MultiTaskDataModule
 from vitdense.data.transforms.common import normalization
+from vitdense.deploy.checkpoint import load_task
 from vitdense.heads import DPTHead, LinearDecoder
 from vitdense.tasks import BackboneConfig, DepthTask, SegmentationTask
 from vitdense.tasks.multitask import MultiTask
@@ -26,11 +27,12 @@ DPT = partial(DPTHead, features=16, out_channels=(8, 8, 16, 16))
 
 
 def tasks(backbone: BackboneConfig = TINY) -> dict:
+    """Segmentation and depth, each built from seed 0: their encoders start equal, as two
+    tasks' encoders from one pretrained file do."""
     torch.manual_seed(0)
-    return {
-        "seg": SegmentationTask(num_classes=4, head=LinearDecoder, backbone=backbone),
-        "depth": DepthTask(head=DPT, backbone=backbone, max_depth=10.0),
-    }
+    seg = SegmentationTask(num_classes=4, head=LinearDecoder, backbone=backbone)
+    torch.manual_seed(0)
+    return {"seg": seg, "depth": DepthTask(head=DPT, backbone=backbone, max_depth=10.0)}
 
 
 def data(tmp_path) -> dict:
@@ -199,4 +201,54 @@ def test_the_command_line_fits_a_multitask_config(tmp_path, capsys):
     assert err == (
         "vitdense: error: model.init_args.tasks.seg.init_args.num_classes=5, but data.init_args.tasks.seg has 4 "
         "classes: set it to 4"
+    )
+
+
+def test_a_checkpoint_rebuilds_the_tasks(tmp_path):
+    """A MultiTask's checkpoint holds each task as plain data: it loads alone, from its file,
+    without the objects that built it, and answers as the model that wrote it."""
+    model = MultiTask(tasks(), loss_weights={"seg": 2.0, "depth": 1.0}).eval()
+    run = trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    run.fit(model, datamodule=MultiTaskDataModule(data(tmp_path)))
+    run.save_checkpoint(tmp_path / "joint.ckpt")
+    state = torch.load(tmp_path / "joint.ckpt", map_location="cpu", weights_only=True)
+    assert state["hyper_parameters"]["_class_path"] == "vitdense.tasks.multitask.MultiTask"
+    assert set(state["hyper_parameters"]["tasks"]) == {"seg", "depth"}
+    loaded = MultiTask.load_from_checkpoint(tmp_path / "joint.ckpt", weights_only=True).eval()
+    assert loaded.loss_weights == {"seg": 2.0, "depth": 1.0}
+    images = torch.randn(2, 3, 32, 32)
+    for name, out in model.eval()(images).items():
+        torch.testing.assert_close(loaded(images)[name], out, rtol=0, atol=0)
+
+
+def test_heads_trained_apart_on_a_frozen_encoder_combine(tmp_path, capsys):
+    """Two single tasks trained on one frozen encoder (the same starting weights), each from its
+    own data, combine without training into one checkpoint whose tasks answer exactly as the
+    single checkpoints do; an encoder that moved is refused, naming its file."""
+    frozen = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4}, freeze=True)
+    written = {}
+    for name, task in tasks(frozen).items():
+        run = trainer(tmp_path / name, max_steps=1, limit_val_batches=0)
+        run.fit(task, datamodule=data(tmp_path)[name])
+        written[name] = tmp_path / f"{name}.ckpt"
+        run.save_checkpoint(written[name])
+    main(["combine", *(f"{n}={p}" for n, p in written.items()), "--output", str(tmp_path / "joint.ckpt")])
+    assert "tasks seg, depth on one encoder" in capsys.readouterr().out
+    joint = load_task(tmp_path / "joint.ckpt")
+    assert isinstance(joint, MultiTask)
+    images = torch.randn(2, 3, 32, 32)
+    outputs = joint(images)
+    for name, path in written.items():
+        torch.testing.assert_close(outputs[name], load_task(path)(images), rtol=0, atol=0)
+
+    moved = tasks()["depth"]  # trained encoder: other weights
+    torch.nn.init.normal_(moved.backbone.blocks[0].mlp.fc1.weight)
+    run = trainer(tmp_path / "moved", max_steps=1, limit_val_batches=0)
+    run.fit(moved, datamodule=data(tmp_path)["depth"])
+    run.save_checkpoint(tmp_path / "moved.ckpt")
+    with pytest.raises(SystemExit):
+        main(["combine", f"seg={written['seg']}", f"depth={tmp_path / 'moved.ckpt'}", "-o", str(tmp_path / "x.ckpt")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        f"vitdense: error: combine: the encoder of depth ({tmp_path / 'moved.ckpt'}) differs from seg's"
     )

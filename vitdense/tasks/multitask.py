@@ -24,19 +24,30 @@ The encoder's weights are stored once in checkpoints (`backbone.*`), not once pe
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import hashlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable, instantiate_module
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from vitdense.backbone import VisionTransformer
-from vitdense.core.errors import ConfigError
+from vitdense.core.errors import CheckpointError, ConfigError
+from vitdense.deploy.checkpoint import (
+    CLASS_PATH_KEY,
+    INSTANTIATOR,
+    importable_path,
+    record_class_paths,
+    without_weights_file,
+)
+from vitdense.heads.factory import locate
 from vitdense.tasks.base import STAGES, BaseTask, Stage
 from vitdense.training.callbacks import task_callbacks
 from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER, optimizer_config, resolve_schedules
@@ -90,6 +101,7 @@ class MultiTask(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["tasks", "optimizer", "lr_scheduler"])
+        tasks = {name: build_task(name, task) for name, task in (tasks or {}).items()}
         check_names(tasks)
         for label, given in (("loss_weights", loss_weights), ("task_lr_scale", task_lr_scale)):
             unknown = sorted(set(given or {}) - set(tasks))
@@ -114,6 +126,8 @@ class MultiTask(L.LightningModule):
             check_same_encoder(first, tasks[first], name, task)
             task.model.backbone = self.backbone  # the one encoder (the others' are dropped here)
         self.tasks = nn.ModuleDict(tasks)
+        # each task as plain data (class path + its own recorded settings): a checkpoint rebuilds them
+        self.hparams["tasks"] = {name: task_spec(task) for name, task in tasks.items()}
         #: "uncertainty": s_k = log sigma_k^2 per task, learned (0: weight 1)
         self.log_vars = nn.Parameter(torch.zeros(len(tasks))) if weighting == "uncertainty" else None
         # checkpoints hold the encoder once: each task's copy of its keys is left out and restored from it
@@ -272,6 +286,10 @@ class MultiTask(L.LightningModule):
     def on_test_epoch_end(self) -> None:
         self._end_epoch("test")
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # a fit from Python names the class as the command line does: the checkpoint loads alone
+        record_class_paths(checkpoint, self, None)
+
     def configure_callbacks(self) -> list[L.Callback]:
         """Skipped-sample counts and the resume RNG state, as every task's (one set: the
         tasks' own prediction writers belong to predicting, which is per task)."""
@@ -324,6 +342,32 @@ def named(key: str, name: str) -> str:
     """ "val/mIoU" of task `name` -> "val/<name>/mIoU" (a key without a stage: "<name>/key")."""
     stage, sep, rest = key.partition("/")
     return f"{stage}/{name}/{rest}" if sep and stage in (*STAGES, "predict") else f"{name}/{key}"
+
+
+def build_task(name: str, task: Any) -> Any:
+    """A task, or one built from its plain-data form (`task_spec`, as a checkpoint records it)."""
+    if isinstance(task, Mapping) and "class_path" in task:
+        try:
+            cls = locate(task["class_path"])
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"model.init_args.tasks.{name}: cannot import {task['class_path']} ({err})") from err
+        # as Lightning rebuilds a task from a checkpoint's plain data (dicts into BackboneConfig, head specs)
+        return instantiate_module(cls, dict(task.get("init_args", {})))
+    return task
+
+
+def task_spec(task: BaseTask) -> dict[str, Any]:
+    """A task as plain data: its class path and its recorded settings (dataclasses as dicts,
+    the head as `HeadSpec` data, the encoder's starting weights file left out: the
+    multi-task checkpoint's weights replace it)."""
+    init = {k: v for k, v in task.hparams.items() if not k.startswith("_")}
+    if "backbone" in init:
+        init["backbone"] = without_weights_file(init["backbone"])
+    init = {
+        k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+        for k, v in init.items()
+    }
+    return {"class_path": importable_path(type(task)) or type(task).__qualname__, "init_args": init}
 
 
 def check_names(tasks: Mapping[str, Any]) -> None:
@@ -395,3 +439,85 @@ def _restore_shared_keys(module: MultiTask, state_dict: dict[str, Any], prefix: 
     for task_prefix in _shared_prefixes(module, prefix):
         for key, value in shared.items():
             state_dict.setdefault(task_prefix + key, value)
+
+
+# ------------------------------------------------------------ heads trained apart, served together
+def encoder_digest(encoder: nn.Module) -> str:
+    """sha256 of an encoder's weights (names, dtypes, shapes and bytes, in name order)."""
+    digest = hashlib.sha256()
+    for key, value in sorted(encoder.state_dict().items()):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def combine(checkpoints: Mapping[str, str | Path], output: str | Path, **settings: Any) -> Path:
+    """One multi-task checkpoint from single-task ones trained on one frozen encoder (heads
+    trained apart, served together), without training: the tasks as their checkpoints hold
+    them, the encoder once. `settings`: `MultiTask`'s (loss_weights, monitor, ...).
+
+    Raises:
+        CheckpointError: an encoder whose weights differ from the first checkpoint's (by
+            sha256), or a file that is not a vitdense task checkpoint.
+    """
+    from vitdense.deploy.checkpoint import Checkpoint
+
+    if not checkpoints:
+        raise ConfigError("combine: name at least one task checkpoint, e.g. det=runs/det/last.ckpt")
+    tasks, digests, found = {}, {}, {}
+    for name, path in checkpoints.items():
+        found[name] = Checkpoint(path)
+        tasks[name] = found[name].restore()
+        digests[name] = encoder_digest(tasks[name].backbone)
+    first = next(iter(checkpoints))
+    differ = [name for name, digest in digests.items() if digest != digests[first]]
+    if differ:
+        listed = ", ".join(f"{name} ({checkpoints[name]})" for name in differ)
+        raise CheckpointError(
+            f"combine: the encoder of {listed} differs from {first}'s ({checkpoints[first]}; sha256 of the weights "
+            f"{digests[first][:12]} against {', '.join(digests[n][:12] for n in differ)}): heads combine only when "
+            "trained on one frozen encoder (backbone.freeze: true from the same weights); train them jointly "
+            "with a MultiTask instead"
+        )
+    model = MultiTask(tasks, **settings)
+    hparams = {CLASS_PATH_KEY: importable_path(MultiTask), **dict(model.hparams), "_instantiator": INSTANTIATOR}
+    state = {
+        "pytorch-lightning_version": L.__version__,
+        "epoch": 0,
+        "global_step": 0,
+        "state_dict": model.state_dict(),
+        "hyper_parameters": hparams,
+        # each task's recorded preprocessing and labels, by name (what its DataModule decided)
+        "vitdense_inference_tasks": {name: c.inference for name, c in found.items() if c.inference is not None},
+        "vitdense_combined_from": {name: str(path) for name, path in checkpoints.items()},
+    }
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m vitdense combine NAME=CKPT ... --output FILE`: one multi-task checkpoint
+    from single-task checkpoints trained on one frozen encoder."""
+    parser = argparse.ArgumentParser(
+        prog="python -m vitdense combine",
+        description="Combine single-task checkpoints whose encoders are identical (heads trained on one frozen "
+        "encoder) into one multi-task checkpoint, without training.",
+    )
+    parser.add_argument(
+        "tasks", nargs="+", metavar="NAME=CKPT", help="a task's name and its checkpoint, e.g. det=runs/det/last.ckpt"
+    )
+    parser.add_argument("--output", "-o", required=True, help="the multi-task checkpoint to write")
+    args = parser.parse_args(argv)
+    checkpoints = {}
+    for item in args.tasks:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"combine: {item!r} is not NAME=CKPT (e.g. det=runs/det/last.ckpt)")
+        if name in checkpoints:
+            raise ConfigError(f"combine: the task name {name!r} is given twice")
+        checkpoints[name] = path
+    written = combine(checkpoints, args.output)
+    print(f"wrote {written}: tasks {', '.join(checkpoints)} on one encoder")
