@@ -252,3 +252,27 @@ def test_heads_trained_apart_on_a_frozen_encoder_combine(tmp_path, capsys):
     assert err.startswith(
         f"vitdense: error: combine: the encoder of depth ({tmp_path / 'moved.ckpt'}) differs from seg's"
     )
+
+
+def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(tmp_path):
+    """Joint training resumed from a checkpoint written inside an epoch (2 steps an epoch: the
+    seg loader's 2 batches, the depth loader's 1 cycling), as a killed run resumes from its
+    last.ckpt, ends with the weights of the same run never stopped, to the bit."""
+
+    class SaveAtStep3(L.Callback):  # (where ModelCheckpoint saves: after the step)
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                trainer.save_checkpoint(tmp_path / "stopped.ckpt")
+
+    def run(ckpt=None) -> MultiTask:
+        L.seed_everything(0)
+        model = MultiTask(tasks())
+        fit = trainer(tmp_path / ("resumed" if ckpt else "never_stopped"), max_steps=6, limit_val_batches=0)
+        fit.callbacks.append(SaveAtStep3())
+        fit.fit(model, datamodule=MultiTaskDataModule(data(tmp_path)), ckpt_path=ckpt)
+        return model
+
+    never_stopped = run()
+    resumed = run(tmp_path / "stopped.ckpt")
+    for (key, a), b in zip(never_stopped.state_dict().items(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=key)
