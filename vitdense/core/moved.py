@@ -1,7 +1,8 @@
-"""Import paths of modules that moved when the package took its layer-first layout (0.2):
-the old path still imports, as the new module itself, with a `DeprecationWarning` naming the
-new path. For one release: YAML `class_path:`s, scripts and the class paths recorded in
-checkpoints written before keep working.
+"""Import paths. Those of modules that moved when the package took its layer-first layout
+(0.2): the old path still imports, as the new module itself, with a `DeprecationWarning`
+naming the new path. For one release: YAML `class_path:`s, scripts and the class paths
+recorded in checkpoints written before keep working. And the packages that import their
+names on first use (`lazy_exports`).
 
 (`vitdense.data.synthetic` and `vitdense.data.transforms` became packages: their old names
 are answered by the packages' own `__getattr__`.)
@@ -104,3 +105,16 @@ def moved_attribute(package: str, where: dict[str, str], name: str) -> Any:
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
     deprecated(f"{package}.{name}", f"{where[name]}.{name}")
     return getattr(importlib.import_module(where[name]), name)
+
+
+def lazy_exports(package: str, where: dict[str, str]) -> Any:
+    """A package's `__getattr__` (PEP 562) that imports each name of `where` ({name: module})
+    from its module on first use: importing one module of the package does not import the
+    others (nor what they import)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(where[name]), name)
+
+    return __getattr__

@@ -8,8 +8,7 @@ alone.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vitdense.core.moved import lazy_exports
 
 #: each public name and the module that defines it
 _WHERE = {
@@ -84,11 +83,7 @@ _WHERE = {
     "SegmentedImages": "vitdense.types",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'vitdense.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+__getattr__ = lazy_exports(__name__, _WHERE)
 
 
 def __dir__() -> list[str]:

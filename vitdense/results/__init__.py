@@ -30,8 +30,7 @@ the others.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vitdense.core.moved import lazy_exports
 
 #: each public name and the module that defines it
 _WHERE = {
@@ -57,8 +56,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_WHERE[name]), name)
+__getattr__ = lazy_exports(__name__, _WHERE)
