@@ -1,5 +1,6 @@
 """Two CPU processes (gloo) give the single-process figures: every task evaluates shards
-holding different numbers of batches without waiting per step (no hang), with dataset-level
+holding different numbers of batches without waiting per step (no hang; a MultiTask's tasks
+too, each on its own data), with dataset-level
 metrics that count every validation sample once and dataset-level losses; one DDP step
 equals one step on the same global batch, the linear probe's feature cache stays correct as
 samples move between ranks, and pretrained weights are fetched by one process, then loaded
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from vitdense.data import (
     LoaderConfig,
+    MultiTaskDataModule,
     SyntheticClassificationDataModule,
     SyntheticDetectionDataModule,
     SyntheticPanopticDataModule,
@@ -37,6 +39,7 @@ from vitdense.tasks import (
     SegmentationTask,
     UniversalSegmentationTask,
 )
+from vitdense.tasks.multitask import MultiTask
 from vitdense.types import BoxTargets, DetectionOutput, Losses, LossSum
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 2})
@@ -122,6 +125,17 @@ def evaluations(root: Path) -> dict[str, tuple[L.LightningModule, L.LightningDat
     )
     pan_data = SyntheticPanopticDataModule(root=str(root / "pan"), img_size=32, train_size=2, val_size=9, loader=loader)
     out["pan4"] = pan, pan_data
+    # classification and segmentation on one encoder, each task on its own data (its own shards)
+    torch.manual_seed(0)
+    seg = SegmentationTask(num_classes=4, head=LinearDecoder, backbone=TINY, window=32)
+    joint = MultiTask({"cls": classifier(), "seg": seg})
+    joint_data = MultiTaskDataModule(
+        {
+            "cls": SyntheticClassificationDataModule(img_size=32, val_size=13, loader=LoaderConfig(eval_batch_size=3)),
+            "seg": SyntheticSegmentationDataModule(img_size=32, val_size=9, loader=LoaderConfig(eval_batch_size=4)),
+        }
+    )
+    out["multi"] = joint, joint_data
     return out
 
 
@@ -239,7 +253,7 @@ def test_every_task_evaluates_uneven_shards_as_one_process(two_processes, tmp_pa
     multi = two_processes["evaluations"]
     single = validate_every_task(1, tmp_path / "det")
     assert multi.keys() == single.keys()
-    losses = [k for k in single if k.split(":")[1].startswith("val/loss")]
+    losses = [k for k in single if k.rsplit("/", 1)[1].startswith("loss")]  # (a MultiTask's: val/<task>/loss...)
     # every logged loss: the total of each task, each linear probe head's, each DETR term
     assert {k for k in losses if k.startswith(("probe", "det"))} >= {
         "probe:val/loss_lr0",
@@ -259,6 +273,9 @@ def test_every_task_evaluates_uneven_shards_as_one_process(two_processes, tmp_pa
     assert 0 < single["cls:val/acc1"] < 1  # figures a lost or repeated image would change
     assert single["det4:val/map_50"] > 0  # grid boxes hit some objects
     assert single["pan4:val/mIoU"] > 0 and single["pan4:val/loss_mask"] > 0 and "pan4:val/PQ" in single
+    # a MultiTask's tasks: their figures under their names, equal to each task's alone
+    assert single["multi:val/cls/acc1"] == single["cls:val/acc1"] and "multi:val/seg/mIoU" in single
+    assert single["multi:val/loss"] == pytest.approx(single["multi:val/cls/loss"] + single["multi:val/seg/loss"])
     # and the figure itself is the dataset's mean cross-entropy (batches of 3, 3, 3, 3 and 1 images)
     task, data = evaluations(tmp_path / "det")["cls"]
     data.setup("validate")
