@@ -267,7 +267,7 @@ def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(tmp_path):
     def run(ckpt=None) -> MultiTask:
         L.seed_everything(0)
         model = MultiTask(tasks())
-        fit = trainer(tmp_path / ("resumed" if ckpt else "never_stopped"), max_steps=6, limit_val_batches=0)
+        fit = trainer(tmp_path / ("resumed" if ckpt else "never_stopped"), max_steps=4, limit_val_batches=0)
         fit.callbacks.append(SaveAtStep3())
         fit.fit(model, datamodule=MultiTaskDataModule(data(tmp_path)), ckpt_path=ckpt)
         return model
