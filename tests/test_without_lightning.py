@@ -229,7 +229,6 @@ def test_a_checkpoint_without_the_record_loads_through_lightning(trained, tmp_pa
     before, now = vitdense.load(older), vitdense.load(ckpt)
     assert type(before.task).__name__ == "DetectionTask" and isinstance(now.task, PlainTask)
     assert as_json(before(images())) == as_json(now(images()))
-    assert type(load_model(older)) is type(load_model(ckpt))
 
 
 def test_only_a_class_that_declares_its_inference_records_it():
