@@ -220,3 +220,29 @@ def test_rfdetr_bench_without_rfdetr_says_how_to_install(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "rfdetr is not installed" in err and "pip install rfdetr" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_cold_start_prints_the_load_as_a_multiple_of_importing_torch_and_timm(capsys, monkeypatch, tmp_path):
+    """Each round times `import torch, timm` in a fresh Python beside `vitdense.load`; the
+    table ends with their ratio, per round, and names the CPU (here the processes are stand-ins)."""
+    from vitdense.bench import cold_start
+    from vitdense.bench.common import cpu_kind
+
+    rounds = iter([(4.0, 5.0), (3.0, 4.2), (3.5, 3.5)])  # (baseline, load) of each round
+
+    def load(ckpt, image, precision):
+        _, total = current.pop()
+        return total, [0.01, total - 0.1, 0.05, 0.01]  # (the phases: import, load, two predictions)
+
+    current = []
+    monkeypatch.setattr(cold_start, "time_python_startup", lambda: 0.04)
+    monkeypatch.setattr(cold_start, "time_baseline", lambda: current.append(next(rounds)) or current[-1][0])
+    monkeypatch.setattr(cold_start, "time_load", load)
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"")
+    main(["cold-start", f"--ckpt_path={ckpt}", "--modes", "load", "--rounds", "3"])
+    out = capsys.readouterr().out.splitlines()
+    assert cpu_kind() in out[0]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in out[3:]}
+    assert rows["baseline: spawn -> import torch, timm"] == ["4.00", "3.25 |"]
+    assert rows["load: spawn -> first prediction / baseline (import torch, timm)"] == ["1.25x", "1.20x |"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import inspect
 import sys
 import warnings
@@ -35,18 +34,23 @@ import lightning as L
 import yaml
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vitdense.cli_help import DESCRIPTION, HELP_ARGS, PROG, print_top_level_help
-from vitdense.core.errors import CheckpointError, ConfigError, DataError, NonFiniteError
+from vitdense.cli_help import (  # (the commands without Lightning, export and serve, run from there)
+    COMMANDS,
+    DESCRIPTION,
+    HELP_ARGS,
+    PROG,
+    USER_ERRORS,
+    _exit_with,
+    print_top_level_help,
+    run_command,
+    user_message,  # noqa: F401  (re-exported)
+)
+from vitdense.core.errors import ConfigError
 from vitdense.data.base import loader_key_hint
 from vitdense.deploy.checkpoint import CLASS_PATH_KEY, Checkpoint, load_checkpoint, locate
 from vitdense.deploy.slicing import Slicing, check_sliceable
 from vitdense.tasks import BaseTask
 from vitdense.trainer import Trainer
-
-#: errors of the user's making (config, files, data) that deserve one line, not a traceback;
-#: any other exception is a bug and keeps its traceback
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigError, DataError, NonFiniteError)
-
 
 #: `--ckpt_path` values Lightning resolves itself (from the checkpoint callbacks)
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc")
@@ -446,50 +450,6 @@ def _user_error(err: BaseException) -> BaseException | None:
             found = err
         err = err.__cause__ or err.__context__
     return found
-
-
-def user_message(err: BaseException) -> str:
-    """The error's own message, also when a DataLoader worker raised it: torch re-raises it in
-    the main process wrapped in the worker's traceback ("Caught DataError in DataLoader worker
-    process 0. Original Traceback ..."), whose last line is the original `Type: message`."""
-    message = str(err)
-    if "Original Traceback" in message:
-        last = message.rstrip().splitlines()[-1]
-        prefix = f"{type(err).__module__}.{type(err).__qualname__}: "
-        for name in (prefix, f"{type(err).__qualname__}: "):
-            if last.startswith(name):
-                return last[len(name) :]
-    return message
-
-
-def _exit_with(err: BaseException) -> None:
-    print(f"vitdense: error: {user_message(err)}", file=sys.stderr)
-    raise SystemExit(2) from err
-
-
-#: subcommands beside LightningCLI's: name -> (module whose `main(argv)` runs it, the extra it needs, if any)
-COMMANDS = {
-    "export": ("vitdense.deploy.export", "export"),
-    "serve": ("vitdense.deploy.serve", "serve"),
-    "combine": ("vitdense.tasks.multitask", None),
-}
-
-
-def run_command(name: str, argv: list[str]) -> None:
-    """`python -m vitdense <name> ...` for a name of `COMMANDS`: its own parser, the same
-    one-line errors as the rest of the command line."""
-    module, extra = COMMANDS[name]
-    try:
-        command = importlib.import_module(module)
-    except ImportError as err:
-        if err.name is None or err.name.startswith("vitdense") or extra is None:
-            raise
-        print(f"vitdense: error: {name} needs {err.name}: pip install 'vitdense[{extra}]'", file=sys.stderr)
-        raise SystemExit(2) from err
-    try:
-        command.main(argv)
-    except USER_ERRORS as err:
-        _exit_with(err)
 
 
 class MultiTaskCLI(VitDenseCLI):

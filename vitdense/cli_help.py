@@ -1,11 +1,26 @@
 """The help of `python -m vitdense` itself: its name, what vitdense is and every command. A
 module of its own, without Lightning's imports, so that `python -m vitdense --help` answers at
-once (`__main__` prints it before importing `vitdense.cli`, which takes seconds)."""
+once (`__main__` prints it before importing `vitdense.cli`, which takes seconds); the commands
+that use a trained model without the trainer (`export`, `serve`; `COMMANDS`, with `combine`) run from here
+too, with the command line's one-line errors, so that they never import Lightning."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import textwrap
+
+from vitdense.core.errors import CheckpointError, ConfigError, DataError, NonFiniteError
+
+#: errors of the user's making (config, files, data) that deserve one line, not a traceback;
+#: any other exception is a bug and keeps its traceback
+USER_ERRORS = (FileNotFoundError, NotADirectoryError, CheckpointError, ConfigError, DataError, NonFiniteError)
+#: subcommands beside LightningCLI's: name -> (module whose `main(argv)` runs it, the extra it needs, if any)
+COMMANDS = {
+    "export": ("vitdense.deploy.export", "export"),
+    "serve": ("vitdense.deploy.serve", "serve"),
+    "combine": ("vitdense.tasks.multitask", None),  # (this one imports Lightning: it builds the tasks)
+}
 
 #: how the command line names itself in its usage lines (not "__main__.py")
 PROG = "python -m vitdense"
@@ -71,3 +86,39 @@ def print_top_level_help(argv: list[str]) -> None:
     print(top_level_help(), end="", file=sys.stderr)
     print(f"{PROG}: error: no command given", file=sys.stderr)
     raise SystemExit(2)
+
+
+def user_message(err: BaseException) -> str:
+    """The error's own message, also when a DataLoader worker raised it: torch re-raises it in
+    the main process wrapped in the worker's traceback ("Caught DataError in DataLoader worker
+    process 0. Original Traceback ..."), whose last line is the original `Type: message`."""
+    message = str(err)
+    if "Original Traceback" in message:
+        last = message.rstrip().splitlines()[-1]
+        prefix = f"{type(err).__module__}.{type(err).__qualname__}: "
+        for name in (prefix, f"{type(err).__qualname__}: "):
+            if last.startswith(name):
+                return last[len(name) :]
+    return message
+
+
+def _exit_with(err: BaseException) -> None:
+    print(f"vitdense: error: {user_message(err)}", file=sys.stderr)
+    raise SystemExit(2) from err
+
+
+def run_command(name: str, argv: list[str]) -> None:
+    """`python -m vitdense <name> ...` for a name of `COMMANDS`: its own parser, the same
+    one-line errors as the rest of the command line."""
+    module, extra = COMMANDS[name]
+    try:
+        command = importlib.import_module(module)
+    except ImportError as err:
+        if err.name is None or err.name.startswith("vitdense") or extra is None:
+            raise
+        print(f"vitdense: error: {name} needs {err.name}: pip install 'vitdense[{extra}]'", file=sys.stderr)
+        raise SystemExit(2) from err
+    try:
+        command.main(argv)
+    except USER_ERRORS as err:
+        _exit_with(err)

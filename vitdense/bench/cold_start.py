@@ -4,6 +4,10 @@ Two ways users meet it: `vitdense.load(ckpt)` + the first prediction in a fresh 
 `python -m vitdense serve` until its first answer to POST /predict. Each round starts new
 processes (the operating system's file cache stays warm after the first round, as on a
 machine that has served before; the first round is reported apart for that reason).
+
+Beside them, measured the same way (spawn to done, on the wall clock), the floor under any
+answer: a fresh Python that imports torch and timm and does nothing else (`BASELINE`);
+the table ends with `vitdense.load`'s time to its first prediction as a multiple of it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,18 @@ print(json.dumps([imported - start, loaded - imported, first - loaded, second - 
 """
 
 
+#: what every vitdense process imports before it can do anything: the baseline of the ratio
+BASELINE = "import torch, timm"
+BASELINE_ROW = f"baseline: spawn -> {BASELINE}"
+LOAD_ROW = "load: spawn -> first prediction"
+
+_BASELINE_SCRIPT = f"""
+import time
+{BASELINE}
+print(time.time())
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -60,6 +76,16 @@ def time_python_startup() -> float:
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     return time.perf_counter() - start
+
+
+def time_baseline() -> float:
+    """Seconds from spawning Python to its having imported torch and timm (`BASELINE`), on the
+    wall clock as `time_load` measures: what no checkpoint can load faster than."""
+    spawned = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", _BASELINE_SCRIPT], check=True, capture_output=True, text=True, env=_environment()
+    )
+    return float(out.stdout.strip().splitlines()[-1]) - spawned
 
 
 def time_load(ckpt: Path, image: Path, precision: str) -> tuple[float, list[float]]:
@@ -149,18 +175,17 @@ def bench_cold_start(args: argparse.Namespace) -> dict[str, list[float]]:
     ckpt = Path(args.ckpt_path)
     if not ckpt.is_file():
         raise SystemExit(f"--ckpt_path {ckpt}: no such file")
-    rows: dict[str, list[float]] = {"python -c pass": []}
+    rows: dict[str, list[float]] = {"python -c pass": [], BASELINE_ROW: []}
     rows.update({name: [] for name in LOAD_PHASES})
-    rows.update(
-        {"load: spawn -> first prediction": [], "serve: spawn -> /health": [], "serve: spawn -> first answer": []}
-    )
+    rows.update({LOAD_ROW: [], "serve: spawn -> /health": [], "serve: spawn -> first answer": []})
     with tempfile.TemporaryDirectory() as folder:
         image = Path(args.image) if args.image else default_image(Path(folder), args.img_size)
         for _ in range(args.rounds):
             rows["python -c pass"].append(time_python_startup())
+            rows[BASELINE_ROW].append(time_baseline())
             if "load" in args.modes:
                 total, phases = time_load(ckpt, image, args.precision)
-                rows["load: spawn -> first prediction"].append(total)
+                rows[LOAD_ROW].append(total)
                 for name, seconds in zip(LOAD_PHASES, phases, strict=True):
                     rows[name].append(seconds)
             if "serve" in args.modes:
@@ -170,6 +195,17 @@ def bench_cold_start(args: argparse.Namespace) -> dict[str, list[float]]:
     return {name: values for name, values in rows.items() if values}
 
 
+def ratio_to_baseline(rows: dict[str, list[float]]) -> tuple[float, float | None] | None:
+    """`vitdense.load`'s spawn -> first prediction over the baseline's (`BASELINE`): (first
+    round, median of the others' ratios, each round's load over the same round's baseline;
+    None with one round), or None when the load was not measured."""
+    loads, bases = rows.get(LOAD_ROW), rows.get(BASELINE_ROW)
+    if not loads or not bases:
+        return None
+    ratios = [load / base for load, base in zip(loads, bases, strict=True)]
+    return ratios[0], statistics.median(ratios[1:]) if len(ratios) > 1 else None
+
+
 def print_cold_start(args: argparse.Namespace, rows: dict[str, list[float]]) -> None:
     print(f"cold start of {args.ckpt_path} ({args.precision}), {args.rounds} rounds; {cpu_kind()}")
     print("| measured | first round (s) | median of the others (s) |")
@@ -177,6 +213,10 @@ def print_cold_start(args: argparse.Namespace, rows: dict[str, list[float]]) -> 
     for name, values in rows.items():
         rest = f"{statistics.median(values[1:]):.2f}" if len(values) > 1 else "-"
         print(f"| {name} | {values[0]:.2f} | {rest} |")
+    ratio = ratio_to_baseline(rows)
+    if ratio is not None:
+        rest = f"{ratio[1]:.2f}x" if ratio[1] is not None else "-"
+        print(f"| {LOAD_ROW} / baseline ({BASELINE}) | {ratio[0]:.2f}x | {rest} |")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

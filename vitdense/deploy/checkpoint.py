@@ -6,31 +6,43 @@
   as LightningCLI names them, also when the task was trained from Python (`Trainer.fit`).
 - `Checkpoint`: what a Lightning checkpoint says of its task and data, read lazily, or one
   `CheckpointError` naming the file (the command line and `python -m vitdense.viz` use it).
-- `load_task` / `load_model`: the trained task, or just its plain model (`vitdense.models`),
-  from a checkpoint alone: no config, no Trainer.
+- `record_model`: how the plain model (`vitdense.models`) is rebuilt and predicts without
+  the task class, as plain data (a built-in task's `plain_inference()`, the backbone's
+  settings, the head's factory, the class names); `PlainTask` is that model and inference
+  standing in for the task where a trained model is used (`vitdense.load`, `serve`,
+  `export`), without importing the task, Lightning, torchmetrics or scipy.
+- `load_task` / `load_model`: the trained task (through Lightning), or just its plain model
+  (`vitdense.models`; from the record where the checkpoint has one), from a checkpoint alone:
+  no config, no Trainer.
 - `refuse_other_optimizer_groups`: a fit resuming from an optimizer state of other parameter
   groups (an earlier vitdense's) stops in one `CheckpointError` naming the file and the way on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import zipfile
-from dataclasses import asdict, is_dataclass, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, fields, is_dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning as L
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-import vitdense.backbone.config  # noqa: F401  (hyperparameters hold a BackboneConfig: registered for weights_only)
+from vitdense.backbone.config import BackboneConfig  # (hyperparameters hold one: registered for weights_only)
 from vitdense.core.errors import CheckpointError, NoTaskError
 from vitdense.core.safe_load import torch_load
+from vitdense.deploy.slicing import SlicedImages, predict_sliced
 
 # (re-exported: older code and pickled checkpoints name them here)
 from vitdense.heads.factory import HeadFactory, HeadSpec, head_factory, locate, record_head  # noqa: F401
+
+if TYPE_CHECKING:
+    import lightning as L
 
 #: where LightningCLI names a class in a checkpoint's hyperparameters (and `Checkpoint` reads it)
 CLASS_PATH_KEY = "_class_path"
@@ -76,6 +88,201 @@ def record_inference(checkpoint: dict[str, Any], datamodule: Any) -> None:
     found = InferenceData.of(datamodule) if datamodule is not None else None
     if found is not None:
         checkpoint[CHECKPOINT_KEY] = found.as_data()
+
+
+#: where a checkpoint records how its plain model is rebuilt and predicts without its task (`record_model`)
+MODEL_KEY = "vitdense_model"
+
+
+def record_model(checkpoint: dict[str, Any], task: Any) -> None:
+    """Write in `checkpoint` how its plain model is rebuilt and predicts without the task class
+    (and so without Lightning), as plain data:
+
+        inference    the task's `plain_inference()` (`vitdense.models`: `SegmenterInference`, ...)
+                     as {class_path, init_args}: its dotted path and fields
+        backbone     the `BackboneConfig`'s fields, without its starting weights file
+        head         the head's factory as {class_path, init_args} (`HeadSpec`)
+        class_names  the names of the classes, as the task has them
+
+    Written only for a task whose class declares `plain_inference` itself: a subclass of a
+    built-in task may build or predict otherwise, so its checkpoints (and those of a task
+    written to README's contract, and those written before this record) load through
+    Lightning, `Checkpoint.restore`. Nothing either when the head's factory is not plain data
+    (a lambda) or the inference's class cannot be imported by path."""
+    declares = next((c for c in type(task).__mro__ if "plain_inference" in vars(c)), None)
+    if declares is not type(task):
+        return
+    inference = task.plain_inference()
+    head = getattr(task, "head_spec", None)
+    path = importable_path(type(inference)) if inference is not None else None
+    if path is None or head is None:
+        return
+    settings = {f.name: plain_data(getattr(inference, f.name)) for f in fields(inference)}
+    backbone = without_weights_file(task.backbone_config)
+    checkpoint[MODEL_KEY] = {
+        "inference": {"class_path": path, "init_args": settings},
+        "backbone": plain_data(asdict(backbone) if is_dataclass(backbone) else dict(backbone)),
+        "head": plain_data(head.as_data()),
+        "class_names": [str(name) for name in task.class_names],
+    }
+
+
+def plain_data(value: Any) -> Any:
+    """`value` as what `torch.load(weights_only=True)` reads back: mappings as dicts, lists
+    and tuples as themselves (a named tuple as a tuple), NumPy scalars as Python's (a flag
+    read off a DataModule may be `numpy.bool_`)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(plain_data(v) for v in value)
+    if isinstance(value, list):
+        return [plain_data(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, torch.Tensor):  # numpy scalars
+        return value.item()
+    return value
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """`batch` with every tensor in it on `device`: through NamedTuples, lists, tuples and dicts
+    (what Lightning's `transfer_batch_to_device` does for vitdense's batches); anything else
+    (ints, sizes, a sliced image's pixels) as it is."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(move_to(x, device) for x in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to(x, device) for x in batch)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device) for k, v in batch.items()}
+    return batch
+
+
+class PlainTask(nn.Module):
+    """A checkpoint's plain model and its recorded inference (`record_model`), standing in for
+    the task where a trained model is used: the hooks `vitdense.load`, `serve` and sliced
+    inference call on a task, done as the task does them (`vitdense.models`' `*Inference`).
+
+    Args:
+        model: the plain model (`vitdense.models`), its weights loaded.
+        inference: how it predicts (`build`, `sample`, `predict`, `result_type`).
+        class_names: names of the classes.
+        task_class: the dotted path of the task class the checkpoint was trained with (named
+            in messages; never imported).
+    """
+
+    def __init__(self, model: nn.Module, inference: Any, class_names: list[str], task_class: str) -> None:
+        super().__init__()
+        self.model = model
+        self.inference = inference
+        self.class_names = list(class_names)
+        self.num_classes = len(self.class_names)
+        self.task_class = task_class
+
+    @property
+    def task_name(self) -> str:
+        """The task class's own name (e.g. "DetectionTask")."""
+        return self.task_class.rpartition(".")[2]
+
+    @property
+    def result_type(self) -> type | None:
+        return self.inference.result_type
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.model.backbone
+
+    @property
+    def head(self) -> nn.Module:
+        return self.model.head
+
+    def forward(self, images: torch.Tensor, image_sizes: Any = None) -> Any:
+        return self.model(images, image_sizes)
+
+    def predict_sample(self, image: torch.Tensor, size: Any, index: int) -> Any:
+        return self.inference.sample(image, size, index)
+
+    def predict_step(self, batch: Any, batch_idx: int = 0) -> Any:
+        if batch is None:
+            return None
+        if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.deploy.slicing`)
+            return predict_sliced(self, batch)
+        return self.inference.predict(self.model, batch)
+
+    def to_results(self, prediction: Any, context: Any) -> list[Any]:
+        if self.result_type is None:
+            raise TypeError(f"{self.task_name} names no result_type, so its predictions cannot become results")
+        return self.result_type.from_prediction(prediction, context)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int = 0) -> Any:
+        return move_to(batch, device)
+
+
+class _SkipInPlaceOnMeta(TorchFunctionMode):
+    """In-place tensor methods (`uniform_`, `erfinv_`, `mul_`, ...) on a meta tensor return it
+    at once: they compute nothing there, but torch still runs them through its Python
+    reference implementations (the initialisation of a ViT-B: 0.1-0.3 s)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        name = getattr(func, "__name__", "")
+        if name.endswith("_") and not name.startswith("_") and args and isinstance(args[0], torch.Tensor):
+            if args[0].is_meta:
+                return args[0]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside put their parameters on the meta device (shapes, no memory) and
+    keep their buffers as they make them: the random initialisation of parameters that a
+    checkpoint's weights replace then costs nothing (accelerate's `init_empty_weights` with
+    `include_buffers=False`). Not thread-safe: it patches `nn.Module.register_parameter`."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and not param.is_meta:
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta
+    try:
+        with _SkipInPlaceOnMeta():
+            yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def load_weights_into(build: Callable[[], nn.Module], state_dict: Mapping[str, Any]) -> nn.Module:
+    """The model `build()` makes, with the `model.*` tensors of a task's `state_dict` (all of
+    its parameters and persistent buffers, strictly; keys of before the task held a `model`
+    moved under it first), each in the model's own dtype and memory (not the checkpoint's
+    memory map: the file may be rewritten while the model lives, as a `last.ckpt` is).
+
+    Built with its parameters on the meta device (`parameters_on_meta`: no random
+    initialisation) and the checkpoint's tensors assigned; where that cannot be (a module
+    that reads its parameters' values as it is built), built as the task builds it and the
+    tensors copied in."""
+
+    def weights_for(model: nn.Module) -> dict[str, torch.Tensor]:
+        own = model.state_dict()
+        state = under_model(dict(state_dict), {f"model.{k}" for k in own})  # (keys of before `model`)
+        weights = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+        return {k: v.to(dtype=own[k].dtype, copy=True) if k in own else v for k, v in weights.items()}
+
+    try:
+        with parameters_on_meta():
+            model = build()
+        model.load_state_dict(weights_for(model), assign=True)
+        if not any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+            return model
+    except Exception:  # noqa: BLE001  (built again the ordinary way below, which raises what is wrong)
+        pass
+    model = build()
+    model.load_state_dict(weights_for(model))
+    return model
 
 
 def under_model(state_dict: dict[str, Any], own_keys: Any) -> dict[str, Any]:
@@ -170,6 +377,9 @@ class Checkpoint:
         self.task: dict[str, Any] = {k: v for k, v in hparams.items() if not k.startswith("_")}
         #: the recorded preprocessing and label facts (`record_inference`), as plain data, or None
         self.inference: dict[str, Any] | None = ckpt.get("vitdense_inference")
+        #: how the plain model is rebuilt and predicts (`record_model`), as plain data, or None
+        self.model_record: dict[str, Any] | None = ckpt.get(MODEL_KEY)
+        self._state_dict = ckpt["state_dict"]  # (memory-mapped: read when the model loads it)
         data = ckpt.get("datamodule_hyper_parameters") or {}
         self.data_class: str | None = data.get(CLASS_PATH_KEY)
         self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}
@@ -188,14 +398,64 @@ class Checkpoint:
         return json.dumps(config, default=list)
 
     def restore(self, map_location: str | torch.device = "cpu") -> L.LightningModule:
-        """The task, its weights from this checkpoint. The backbone's starting weights file
-        (`backbone.checkpoint`, recorded in the hyperparameters) is not read: the checkpoint's
-        weights replace it, and a file beside a shipped checkpoint must not be unpickled
-        because the checkpoint names it (nor be needed once it has moved)."""
+        """The task, its weights from this checkpoint (through Lightning: it imports the task
+        class). The backbone's starting weights file (`backbone.checkpoint`, recorded in the
+        hyperparameters) is not read: the checkpoint's weights replace it, and a file beside a
+        shipped checkpoint must not be unpickled because the checkpoint names it (nor be
+        needed once it has moved)."""
         overrides = {"backbone": without_weights_file(self.task["backbone"])} if "backbone" in self.task else {}
         return self.task_type().load_from_checkpoint(
             self.path, map_location=map_location, weights_only=True, **overrides
         )
+
+    def recorded_inference(self) -> Any | None:
+        """The inference the checkpoint recorded (`record_model`: a `vitdense.models` dataclass,
+        built from its fields; no weights read), or None for a checkpoint without the record."""
+        if self.model_record is None:
+            return None
+        spec = self.model_record["inference"]
+        try:
+            return locate(spec["class_path"])(**spec["init_args"])
+        except (ImportError, AttributeError, TypeError) as err:
+            raise CheckpointError(
+                f"ckpt_path {self.path}: its model record names {spec['class_path']}, which cannot be built here "
+                f"({err}); install the vitdense that wrote it"
+            ) from err
+
+    def restore_plain(self, map_location: str | torch.device = "cpu") -> PlainTask | None:
+        """The plain model and its recorded inference as a `PlainTask`, its weights from this
+        checkpoint, without importing the task class (nor Lightning); None for a checkpoint
+        without the record (`record_model`). As `restore`, the backbone's starting weights
+        file is not read (the record keeps none) and pre-trained hub weights are not fetched."""
+        inference = self.recorded_inference()
+        if inference is None:
+            return None
+        record = self.model_record
+
+        def build() -> nn.Module:
+            backbone = BackboneConfig(**without_weights_file(dict(record["backbone"]))).build(load_pretrained=False)
+            return inference.build(backbone, head_factory(record["head"]))
+
+        model = load_weights_into(build, self._state_dict)
+        task = PlainTask(model, inference, record.get("class_names") or [], self.task_class)
+        return task.to(map_location).eval()
+
+    def for_inference(self, map_location: str | torch.device = "cpu") -> PlainTask | L.LightningModule:
+        """What predicts, in evaluation mode: the plain model and its recorded inference
+        (`restore_plain`), or for a checkpoint without that record (written before it, or by a
+        task of your own) the task itself (`restore`, through Lightning)."""
+        plain = self.restore_plain(map_location)
+        return plain if plain is not None else self.restore(map_location).eval()
+
+    def result_type(self) -> Any:
+        """What the checkpoint's task predicts (`vitdense.results`), for checks made before its
+        weights load: the recorded inference's, else the task class's attribute (which imports
+        the task); None when it depends on the task's settings and is not recorded."""
+        inference = self.recorded_inference()
+        if inference is not None:
+            return inference.result_type
+        kind = getattr(self.task_type(), "result_type", None)
+        return None if isinstance(kind, property) else kind
 
     def task_type(self) -> type[L.LightningModule]:
         """The task class the checkpoint was trained with (imported by its recorded path)."""
@@ -221,12 +481,14 @@ def without_weights_file(backbone: Any) -> Any:
 def load_task(path: str | Path, map_location: str | torch.device = "cpu") -> L.LightningModule:
     """The task a vitdense training checkpoint holds (`python -m vitdense fit`, or a task
     trained from Python with `Trainer.fit`: `record_class_paths`), its weights loaded, in
-    evaluation mode."""
+    evaluation mode (through Lightning: for training, validating or testing it again)."""
     return Checkpoint(path).restore(map_location).eval()
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> nn.Module:
     """The plain model of a vitdense training checkpoint (`ImageClassifier`, `LinearProbe`,
-    `Segmenter`, `DETRDetector`, or a custom task's), in evaluation mode: call it on images
-    [B, 3, H, W] without Lightning, script or export it."""
-    return load_task(path, map_location).model
+    `Segmenter`, `DETRDetector`, `EoMT`, `DPT`, `MaskedImageModel`, or a custom task's), in
+    evaluation mode: call it on images [B, 3, H, W], script or export it. Built from the
+    checkpoint's record without Lightning (`record_model`); a checkpoint without the record
+    restores its task through Lightning first."""
+    return Checkpoint(path).for_inference(map_location).model.eval()

@@ -330,14 +330,14 @@ def export_checkpoint(
 ) -> tuple[Path, Traced, list[str]]:
     """Export a vitdense training checkpoint; (file written, the traced program, output names).
     `half`: ONNX in float16, its input and outputs float32 (`vitdense.deploy.runtimes.to_half`)."""
-    from vitdense.deploy.checkpoint import Checkpoint, load_task
+    from vitdense.deploy.checkpoint import Checkpoint
 
     if fmt not in ("onnx", "pt2", "openvino"):
         raise ConfigError(f"--format {fmt}: expected onnx, pt2, openvino or weights")
     if half and fmt != "onnx":
         raise ConfigError(f"--half --format {fmt}: float16 is written for ONNX only (--format onnx --half)")
     found = Checkpoint(ckpt_path)
-    model = load_task(found.path).model
+    model = found.for_inference("cpu").model  # (the plain model where the checkpoint records it: no Lightning)
     if found.inference is not None:  # the preprocessing the checkpoint recorded
         preprocess = InferenceData.from_data(found.inference).preprocess
         mean, std = preprocess.mean, preprocess.std
@@ -365,10 +365,10 @@ def export_backbone_weights(ckpt_path: str | Path, output: str | Path | None = N
     whose backbone has the same architecture."""
     from safetensors.torch import save_file
 
-    from vitdense.deploy.checkpoint import Checkpoint, load_model
+    from vitdense.deploy.checkpoint import Checkpoint
 
     found = Checkpoint(ckpt_path)
-    tensors = {k: v.contiguous() for k, v in load_model(found.path).backbone.state_dict().items()}
+    tensors = {k: v.contiguous() for k, v in found.for_inference("cpu").model.backbone.state_dict().items()}
     path = Path(output) if output else found.path.with_suffix(".safetensors")
     save_file(tensors, str(path), metadata={"format": "pt", "source": str(found.path)})
     return path, len(tensors)

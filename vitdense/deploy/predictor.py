@@ -13,6 +13,13 @@ batches padded as the DataLoader pads them and turns them into the task's result
 (`task.to_results`, `vitdense.results`), so its numbers are those of `python -m vitdense
 predict` on the same files, offline, without a config or a Trainer.
 
+A built-in task's checkpoint records its plain model and how it predicts
+(`vitdense.deploy.checkpoint.record_model`): the predictor then runs that model
+(`PlainTask`) without importing the task class, Lightning, torchmetrics or scipy, so a new
+process answers in little more time than importing torch and timm takes. A checkpoint
+without the record (written before it, or by a task of your own) restores its task through
+Lightning and runs the task's own hooks.
+
 Images may be file paths (a folder: every image in it, as `--data.predict_dir` reads
 it), PIL images, NumPy arrays [H, W, 3] / [H, W] (uint8, uint16, or float in [0, 1]) and
 tensors [3, H, W] / [B, 3, H, W] (uint8, or float in [0, 1], torchvision's convention).
@@ -34,7 +41,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from PIL import Image
@@ -137,7 +143,8 @@ class Predictor:
     results (see the module docstring for what it takes).
 
     Args:
-        task: the trained task (in evaluation mode; moved to `device`).
+        task: the trained task (in evaluation mode; moved to `device`), or a checkpoint's
+            `PlainTask` (its plain model and recorded inference: the same hooks).
         data: what the images go through and how labels are shown: `InferenceData`
             (`vitdense.core.preprocess`), or a DataModule that declares `preprocess()`.
         device: where the model runs ("cpu", "cuda", "cuda:1", ...).
@@ -151,7 +158,7 @@ class Predictor:
 
     def __init__(
         self,
-        task: L.LightningModule,
+        task: Any,
         data: InferenceData | Any,
         *,
         device: str | torch.device = "cpu",
@@ -196,11 +203,13 @@ class Predictor:
         slicing: Slicing | None = None,
     ) -> Predictor:
         """The predictor of a vitdense training checkpoint (`python -m vitdense fit`, or a
-        task fitted from Python): its task, weights, preprocessing and class names."""
+        task fitted from Python): its model and inference (`Checkpoint.for_inference`: the
+        plain model where the checkpoint records it, else the task through Lightning),
+        weights, preprocessing and class names."""
         found = Checkpoint(path)
         if slicing is not None:  # (a task without objects: refused before its weights load)
             check_checkpoint_sliceable(found)
-        task = found.restore("cpu")
+        task = found.for_inference("cpu")
         data = inference_data(found)
         batch_size = batch_size or eval_batch_size(found)
         return cls(task, data, device=device, batch_size=batch_size, precision=precision, slicing=slicing)

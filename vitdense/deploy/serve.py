@@ -537,8 +537,8 @@ def main(argv: list[str] | None = None) -> None:
     inference_data(found)
     if slicing is not None:  # a task without objects: refused before the server starts
         check_checkpoint_sliceable(found)
-        if isinstance(found.task_type().result_type, property):  # (its settings decide: ask the task)
-            check_sliceable(found.restore("cpu"))
+        if found.result_type() is None:  # (not recorded and the task's settings decide: ask the task)
+            check_sliceable(found.for_inference("cpu"))
     devices = args.devices if args.devices == "auto" else int(args.devices)
     api = PredictorAPI(
         found.path,

@@ -372,16 +372,21 @@ class SlicedImages(NamedTuple):
     orig_sizes: list[tuple[int, int]]
 
 
-def check_sliceable(task: Any) -> None:
-    """Raises ConfigError unless `task` (a task, or a task class whose `result_type` is a class
-    attribute) predicts boxes or instance masks."""
+def check_sliceable(task: Any, name: str | None = None) -> None:
+    """Raises ConfigError unless `task` (a task, a checkpoint's `PlainTask` or its recorded
+    inference, or a task class whose `result_type` is a class attribute) predicts boxes or
+    instance masks. `name`: the task's, in the message (default: `task`'s own)."""
     from vitdense.results.detection import DetectionResult
     from vitdense.results.universal import InstanceResult
 
     kind = getattr(task, "result_type", None)
     if kind not in (DetectionResult, InstanceResult):
         made = getattr(kind, "__name__", "no result")
-        name = task.__name__ if isinstance(task, type) else type(task).__name__
+        name = (
+            name
+            or getattr(task, "task_name", None)
+            or (task.__name__ if isinstance(task, type) else type(task).__name__)
+        )
         raise ConfigError(
             f"slicing: {name} predicts {made}, not objects; sliced inference merges the boxes of "
             "detection (DetectionTask) and the instance masks of instance segmentation (UniversalSegmentationTask "
@@ -391,9 +396,15 @@ def check_sliceable(task: Any) -> None:
 
 
 def check_checkpoint_sliceable(found: Any) -> None:
-    """`check_sliceable` from a checkpoint (`vitdense.deploy.checkpoint.Checkpoint`) without restoring
-    its weights, when its task class declares its result type (a task whose result type
-    depends on its settings, e.g. universal segmentation's, is checked once restored)."""
+    """`check_sliceable` from a checkpoint (`vitdense.deploy.checkpoint.Checkpoint`) without
+    loading its weights: from its recorded inference (`record_model`), else when its task
+    class declares its result type (a task whose result type depends on its settings, e.g.
+    universal segmentation's, is then checked once restored)."""
+    name = found.task_class.rpartition(".")[2]
+    inference = found.recorded_inference()
+    if inference is not None:
+        check_sliceable(inference, name)
+        return
     task_class = found.task_type()
     if not isinstance(getattr(task_class, "result_type", None), property):
         check_sliceable(task_class)

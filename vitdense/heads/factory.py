@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 
@@ -110,6 +109,8 @@ def record_head(hparams: dict[str, Any], head: HeadFactory) -> None:
     `head=` again, and says so."""
     spec = HeadSpec.of(head)
     if spec is None:
+        from lightning.pytorch.utilities import rank_zero_warn  # (a task's: Lightning is there; the heads need it not)
+
         rank_zero_warn(f"head {head!r} is not a class or a partial of one; pass head= to load_from_checkpoint")
         hparams.pop("head", None)
     else:

@@ -17,6 +17,19 @@ metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)
 One module per family (`vitdense.models.classification`, `.segmentation`, `.detection`,
 `.universal`, `.depth`, `.pretrain`), sliding-window inference in `vitdense.models.windows`.
 
+How each predicts without its task is a small frozen dataclass of plain settings beside it
+(`ClassifierInference`, `LinearProbeInference`, `SegmenterInference`, `DetectorInference`,
+`EoMTInference`, `DPTInference`, `MaskedImageInference`): a built-in task records its own in
+every checkpoint (`vitdense.deploy.checkpoint.record_model`: its dotted path and fields, with
+the backbone's settings and the head's factory as plain data), and `vitdense.load`,
+`load_model`, `export` and `serve` rebuild the model and predict from it without importing
+the task (nor Lightning). Each has
+
+    build(backbone, head_factory) -> the model      (the task's own construction, weights next)
+    sample(image, size, index)    -> the sample an image becomes (the task's `predict_sample`)
+    predict(model, batch)         -> what the task's `predict_step` returns for the batch
+    result_type                   -> what a prediction becomes (`vitdense.results`; None: none)
+
 Every name is imported on first use (PEP 562): importing one family's module does not import
 the others.
 """
@@ -29,17 +42,25 @@ from vitdense.core.moved import lazy_exports
 _WHERE = {
     "ImageClassifier": "vitdense.models.classification",
     "LinearProbe": "vitdense.models.classification",
+    "top_k_prediction": "vitdense.models.classification",
+    "ClassifierInference": "vitdense.models.classification",
+    "LinearProbeInference": "vitdense.models.classification",
     "Segmenter": "vitdense.models.segmentation",
+    "SegmenterInference": "vitdense.models.segmentation",
     "Selection": "vitdense.models.detection",
     "postprocess": "vitdense.models.detection",
     "DETRDetector": "vitdense.models.detection",
+    "DetectorInference": "vitdense.models.detection",
     "semantic_inference": "vitdense.models.universal",
     "panoptic_inference": "vitdense.models.universal",
     "instance_inference": "vitdense.models.universal",
     "EoMT": "vitdense.models.universal",
+    "EoMTInference": "vitdense.models.universal",
     "DepthOutputKind": "vitdense.models.depth",
     "DPT": "vitdense.models.depth",
+    "DPTInference": "vitdense.models.depth",
     "MaskedImageModel": "vitdense.models.pretrain",
+    "MaskedImageInference": "vitdense.models.pretrain",
     "Predict": "vitdense.models.windows",
     "window_starts": "vitdense.models.windows",
     "slide_inference": "vitdense.models.windows",

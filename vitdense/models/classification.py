@@ -1,16 +1,26 @@
 """Classification's plain models: `ImageClassifier` (logits [B, K]) and `LinearProbe` (logits of
-every probe head [H, B, K])."""
+every probe head [H, B, K]), and how each predicts from a checkpoint without its task
+(`ClassifierInference`, `LinearProbeInference`: see `vitdense.models`)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from vitdense.backbone import VisionTransformer
 from vitdense.heads.linear_probe import probe_features
-from vitdense.types import ImageSizes
+from vitdense.results.classification import ClassificationResult
+from vitdense.types import ClassPrediction, ImageSizes, LabeledImages, Size
+
+
+def top_k_prediction(logits: torch.Tensor, index: torch.Tensor, k: int = 5) -> ClassPrediction:
+    """The `k` most probable classes of logits [B, K] (softmax in fp32), best first."""
+    probs, classes = logits.float().softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
+    return ClassPrediction(index, probs, classes)
 
 
 class ImageClassifier(nn.Module):
@@ -81,3 +91,48 @@ class LinearProbe(nn.Module):
         """probs [B, K] of the head that validated best (`best_head`, picked by a tensor op:
         its value is data to torch.export, which cannot branch on it)."""
         return (self(images).index_select(0, self.best_head.view(1))[0].softmax(-1),)
+
+
+@dataclass(frozen=True)
+class ClassifierInference:
+    """How `ClassificationTask` predicts, as plain data a checkpoint records (`vitdense.models`):
+    its `ImageClassifier` built from the backbone and head factory, and the top-5 classes of
+    each image."""
+
+    num_classes: int
+
+    result_type: ClassVar[type] = ClassificationResult
+
+    def build(self, backbone: VisionTransformer, head: Callable[..., nn.Module]) -> ImageClassifier:
+        return ImageClassifier(backbone, head(backbone.embed_dim, self.num_classes))
+
+    def sample(self, image: torch.Tensor, size: Size, index: int) -> LabeledImages:
+        return LabeledImages.unlabeled(image, size, index)
+
+    def predict(self, model: ImageClassifier, batch: Any) -> ClassPrediction:
+        return top_k_prediction(model(batch.image, batch.image_sizes), batch.index)
+
+
+@dataclass(frozen=True)
+class LinearProbeInference:
+    """How `LinearProbeTask` predicts, as plain data: its `LinearProbe` (`heads` heads on the
+    concatenated class tokens of `n_last_blocks` blocks, and their mean patch token with
+    `avgpool`), and the top-5 classes of the head that validated best (`best_head`)."""
+
+    num_classes: int
+    heads: int = 1
+    n_last_blocks: int = 1
+    avgpool: bool = False
+
+    result_type: ClassVar[type] = ClassificationResult
+
+    def build(self, backbone: VisionTransformer, head: Callable[..., nn.Module]) -> LinearProbe:
+        in_features = (self.n_last_blocks + int(self.avgpool)) * backbone.embed_dim
+        heads = nn.ModuleList(head(in_features, self.num_classes) for _ in range(self.heads))
+        return LinearProbe(backbone, heads, self.n_last_blocks, self.avgpool)
+
+    def sample(self, image: torch.Tensor, size: Size, index: int) -> LabeledImages:
+        return LabeledImages.unlabeled(image, size, index)
+
+    def predict(self, model: LinearProbe, batch: Any) -> ClassPrediction:
+        return top_k_prediction(model(batch.image, batch.image_sizes)[int(model.best_head)], batch.index)

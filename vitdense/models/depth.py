@@ -1,10 +1,11 @@
 """Depth's plain model: `DPT` (depth or inverse depth [B, 1, H, W]; `estimate` runs each size
-unpadded)."""
+unpadded), and how it predicts from a checkpoint without its task (`DPTInference`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,9 @@ from torch import nn
 
 from vitdense.backbone import VisionTransformer
 from vitdense.core.errors import ConfigError
+from vitdense.results.depth import DepthResult
 from vitdense.types import ImageSizes, Size
+from vitdense.types.depth import DepthImages, DepthPrediction
 
 #: what a depth head's output is: metric depth itself, or inverse depth (DPT's, MiDaS's)
 DepthOutputKind = Literal["metric", "inverse"]
@@ -119,3 +122,33 @@ class DPT(nn.Module):
         relative model's inverse depth (`"inverse_depth"`)."""
         raw = self(images)
         return (raw if self.relative else self.depth(raw),)
+
+
+@dataclass(frozen=True)
+class DPTInference:
+    """How `DepthTask` predicts, as plain data a checkpoint records (`vitdense.models`): its
+    `DPT` (the head reading the blocks `hooks`, its output `output` mapped to depth by
+    `scale` and `shift`, or `relative` inverse depth), and each image's depth (a relative
+    model's inverse depth) at its own size, written as PNGs of `png_scale` units per metre."""
+
+    hooks: Sequence[int]
+    output: DepthOutputKind = "metric"
+    scale: float = 1.0
+    shift: float = 0.0
+    relative: bool = False
+    png_scale: float = 1000.0
+
+    result_type: ClassVar[type] = DepthResult
+
+    def build(self, backbone: VisionTransformer, head: Callable[..., nn.Module]) -> DPT:
+        module = head(backbone.embed_dim, 1)
+        module.hooks = tuple(int(i) for i in self.hooks)  # (the task's: DPT's rule for this backbone, or the YAML's)
+        return DPT(backbone, module, self.output, self.scale, self.shift, self.relative)
+
+    def sample(self, image: torch.Tensor, size: Size, index: int) -> DepthImages:
+        return DepthImages.unlabeled(image, size, index)
+
+    def predict(self, model: DPT, batch: Any) -> DepthPrediction:
+        raws = model.estimate(batch.image, batch.image_sizes, batch.depth_sizes.sizes)
+        depths = raws if model.relative else [model.depth(r) for r in raws]
+        return DepthPrediction(batch.index, depths, model.relative, self.png_scale)

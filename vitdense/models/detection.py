@@ -1,10 +1,12 @@
 """Detection's plain model: `DETRDetector` (a `DetectionOutput`; `detect` gives boxes at each
-image's original size) and `postprocess`, DETR's reading of boxes from the queries."""
+image's original size) and `postprocess`, DETR's reading of boxes from the queries; how it
+predicts from a checkpoint without its task (`DetectorInference`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar, Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -12,7 +14,8 @@ from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer
 from vitdense.core.errors import ConfigError
-from vitdense.types import BoxTargets, DetectionOutput, ImageSizes, Size
+from vitdense.results.detection import DetectionResult
+from vitdense.types import BoxTargets, DetectedImages, DetectionOutput, Detections, ImageSizes, Size
 
 #: how detections are read from the queries: DETR's one per query, or the best (query, class) pairs
 Selection = Literal["per_query", "top_k"]
@@ -143,3 +146,26 @@ class DETRDetector(nn.Module):
         scale = torch.ones(4, device=images.device)
         scale = torch.cat([scale[:1] * width, scale[1:2] * height, scale[2:3] * width, scale[3:] * height])
         return xyxy * scale, scores, labels
+
+
+@dataclass(frozen=True)
+class DetectorInference:
+    """How `DetectionTask` predicts, as plain data a checkpoint records (`vitdense.models`):
+    its `DETRDetector` (reading detections as `selection` / `top_k` say), and each image's
+    boxes at its own size. (Sliced inference runs this on tiles: `vitdense.deploy.slicing`.)"""
+
+    num_classes: int
+    selection: Selection = "per_query"
+    top_k: int = 100
+
+    result_type: ClassVar[type] = DetectionResult
+
+    def build(self, backbone: VisionTransformer, head: Callable[..., nn.Module]) -> DETRDetector:
+        return DETRDetector(backbone, head(backbone.embed_dim, self.num_classes), self.selection, self.top_k)
+
+    def sample(self, image: torch.Tensor, size: Size, index: int) -> DetectedImages:
+        return DetectedImages.unlabeled(image, size, index)
+
+    def predict(self, model: DETRDetector, batch: Any) -> Detections:
+        boxes, scores, labels = model.postprocess(model(batch.image, batch.image_sizes), batch.orig_sizes)
+        return Detections(batch.index, boxes, scores, labels)

@@ -1,10 +1,12 @@
 """Semantic segmentation's plain model: `Segmenter` (pixel logits [B, K, H, W]; `segment`
-slides windows over whole images)."""
+slides windows over whole images), and how it predicts from a checkpoint without its task
+(`SegmenterInference`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,8 @@ from torch import nn
 
 from vitdense.backbone import VisionTransformer
 from vitdense.models.windows import segment_batch
-from vitdense.types import ImageSizes, Size
+from vitdense.results.segmentation import SegmentationResult
+from vitdense.types import ImageSizes, SegmentationPrediction, SegmentedImages, Size
 
 
 class Segmenter(nn.Module):
@@ -106,3 +109,39 @@ class Segmenter(nn.Module):
             flip,
             window_batch_size,
         )
+
+
+@dataclass(frozen=True)
+class SegmenterInference:
+    """How `SegmentationTask` predicts, as plain data a checkpoint records (`vitdense.models`):
+    its `Segmenter` (sliding windows of side `window`), and each whole image segmented in
+    windows every `stride` pixels with the test-time augmentation `scales` / `flip` (the
+    task's `test_stride`, `test_scales`, `test_flip`), labels at the image's own size."""
+
+    num_classes: int
+    window: int
+    ignore_index: int = 255
+    stride: int | None = None
+    scales: Sequence[float] = (1.0,)
+    flip: bool = False
+    window_batch_size: int = 4
+
+    result_type: ClassVar[type] = SegmentationResult
+
+    def build(self, backbone: VisionTransformer, head: Callable[..., nn.Module]) -> Segmenter:
+        return Segmenter(backbone, head(backbone.embed_dim, self.num_classes), self.num_classes, self.window)
+
+    def sample(self, image: torch.Tensor, size: Size, index: int) -> SegmentedImages:
+        return SegmentedImages.unlabeled(image, size, index, self.ignore_index)
+
+    def predict(self, model: Segmenter, batch: Any) -> SegmentationPrediction:
+        logits = model.segment(
+            batch.image,
+            batch.image_sizes,
+            batch.mask_sizes.sizes,
+            self.stride or self.window,
+            self.scales,
+            self.flip,
+            self.window_batch_size,
+        )
+        return SegmentationPrediction(batch.index, [x[0].argmax(0) for x in logits])

@@ -14,8 +14,9 @@ windows first); the arithmetic is in float32 whatever the logits' dtype, as thei
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +26,24 @@ from vitdense.backbone import VisionTransformer
 from vitdense.core.errors import ConfigError
 from vitdense.heads.eomt import padding_valid
 from vitdense.models.windows import segment_batch
-from vitdense.types import ImageSizes, InstanceMasks, MaskClassOutput, PanopticSegments, Size
+from vitdense.results.segmentation import SegmentationResult
+from vitdense.results.universal import InstanceResult, PanopticResult
+from vitdense.types import (
+    ImageSizes,
+    InstanceMasks,
+    InstancePrediction,
+    MaskClassOutput,
+    PanopticImages,
+    PanopticPrediction,
+    PanopticSegments,
+    SegmentationPrediction,
+    SegmentedImages,
+    Size,
+)
 from vitdense.types.common import _ceil_div
+
+#: what a universal segmentation model evaluates and predicts
+Segmentation = Literal["panoptic", "instance", "semantic"]
 
 
 def semantic_inference(class_logits: torch.Tensor, mask_logits: torch.Tensor) -> torch.Tensor:
@@ -304,3 +321,58 @@ class EoMT(nn.Module):
         h, w = images.shape[-2:]
         masks = F.interpolate(output.mask_logits.float(), scale_factor=self.mask_stride, mode="bilinear")
         return output.class_logits.float().softmax(-1), masks[..., :h, :w]
+
+
+@dataclass(frozen=True)
+class EoMTInference:
+    """How `UniversalSegmentationTask` predicts, as plain data a checkpoint records
+    (`vitdense.models`): its `EoMT`, and each image's `segmentation` at its own size, post-
+    processed with the task's settings: panoptic segments (`score_threshold`,
+    `overlap_threshold`, things and stuff from `is_thing`; None: things only), the things
+    among the `top_k` best (query, class) pairs as instances, or semantic label maps from
+    sliding windows (`window`, `stride`, `window_batch_size`)."""
+
+    num_classes: int
+    window: int
+    stride: int
+    segmentation: Segmentation = "panoptic"
+    is_thing: Sequence[bool] | None = None
+    score_threshold: float = 0.8
+    overlap_threshold: float = 0.8
+    top_k: int = 100
+    ignore_index: int = 255
+    window_batch_size: int = 4
+
+    @property
+    def result_type(self) -> type:
+        return {"panoptic": PanopticResult, "instance": InstanceResult, "semantic": SegmentationResult}[
+            self.segmentation
+        ]
+
+    def build(self, backbone: VisionTransformer, head: Callable[..., nn.Module]) -> EoMT:
+        return EoMT(backbone, head(backbone.embed_dim, self.num_classes, backbone.patch_size[0]))
+
+    def sample(self, image: torch.Tensor, size: Size, index: int) -> PanopticImages | SegmentedImages:
+        if self.segmentation == "semantic":
+            return SegmentedImages.unlabeled(image, size, index, self.ignore_index)
+        return PanopticImages.unlabeled(image, size, index)
+
+    def thing_flags(self, device: torch.device) -> torch.Tensor:
+        """[K] bool, True for thing classes (all of them when `is_thing` is not known)."""
+        return torch.tensor(self.is_thing or [True] * self.num_classes, device=device)
+
+    def predict(self, model: EoMT, batch: Any) -> SegmentationPrediction | InstancePrediction | PanopticPrediction:
+        if isinstance(batch, SegmentedImages):
+            scores = model.segment(
+                batch.image, batch.image_sizes, batch.mask_sizes.sizes, self.window, self.stride, self.window_batch_size
+            )
+            return SegmentationPrediction(batch.index, [s[0].argmax(0) for s in scores])
+        logits = model.image_logits(model(batch.image, batch.image_sizes), batch.image_sizes, batch.orig_sizes)
+        if self.segmentation == "instance":
+            found = [instance_inference(c, m, self.top_k, self.thing_flags(c.device)) for c, m in logits]
+            return InstancePrediction(batch.index, found)
+        found = [
+            panoptic_inference(c, m, self.thing_flags(c.device), self.score_threshold, self.overlap_threshold)
+            for c, m in logits
+        ]
+        return PanopticPrediction(batch.index, found)

@@ -43,8 +43,14 @@ from torchmetrics import MetricCollection
 from vitdense.backbone import VisionTransformer
 from vitdense.backbone.config import DEFAULT_BACKBONE, BackboneConfig
 from vitdense.core.errors import ConfigError
-from vitdense.deploy.checkpoint import record_class_paths, record_inference, refuse_other_optimizer_groups, under_model
-from vitdense.heads.factory import HeadFactory, head_factory, record_head
+from vitdense.deploy.checkpoint import (
+    record_class_paths,
+    record_inference,
+    record_model,
+    refuse_other_optimizer_groups,
+    under_model,
+)
+from vitdense.heads.factory import HeadFactory, HeadSpec, head_factory, record_head
 from vitdense.metrics.common import LossMeans
 from vitdense.models.classification import ImageClassifier
 from vitdense.tasks.predicting import PredictsResults
@@ -128,6 +134,8 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
             )
         self.track_pretrained()
         record_head(self.hparams, head)
+        #: the head's factory as plain data (None: not a class or a partial of one), for `record_model`
+        self.head_spec = HeadSpec.of(head)
         metrics = self.configure_metrics()
         self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
 
@@ -195,11 +203,22 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         """The model's output for images [B, 3, H, W] padded as `image_sizes` says."""
         return self.model(images, image_sizes)
 
+    def plain_inference(self) -> Any | None:
+        """How this task's model predicts without the task, as a dataclass of plain settings
+        (`vitdense.models`: `build(backbone, head)`, `sample(image, size, index)`,
+        `predict(model, batch)`, `result_type`), recorded in checkpoints so that
+        `vitdense.load`, `serve` and `export` rebuild the model without Lightning
+        (`vitdense.deploy.checkpoint.record_model`). Each built-in task declares its own; only a
+        class that declares it itself is recorded (a subclass may predict otherwise), and a
+        task without one is restored through Lightning. Default: None."""
+        return None
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a fit from Python names the task's and the data's classes as the CLI does: the checkpoint loads alone
         datamodule = self._trainer.datamodule if self._trainer is not None else None
         record_class_paths(checkpoint, self, datamodule)
         record_inference(checkpoint, datamodule)  # what vitdense.load, serve and export build from
+        record_model(checkpoint, self)  # ... and the plain model they run, without this class
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         own = self.state_dict()

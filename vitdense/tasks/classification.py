@@ -6,7 +6,6 @@ from functools import partial
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from timm.data import Mixup
@@ -16,6 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vitdense.core.errors import ConfigError
 from vitdense.heads import ClassificationHead
+from vitdense.models.classification import ClassifierInference, top_k_prediction
 from vitdense.results.classification import ClassificationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_classified
@@ -24,11 +24,6 @@ from vitdense.types import ClassificationOutput, ClassPrediction, LabeledImages,
 
 #: the paper's head: a linear layer on the class token, zero-initialised on a pre-trained backbone
 DEFAULT_CLASSIFICATION_HEAD = partial(ClassificationHead, pool="token")
-
-
-def top_k_prediction(logits: torch.Tensor, index: torch.Tensor, k: int = 5) -> ClassPrediction:
-    probs, classes = logits.float().softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
-    return ClassPrediction(index, probs, classes)
 
 
 def accuracy_metrics(num_classes: int) -> MetricCollection:
@@ -126,3 +121,7 @@ class ClassificationTask(BaseTask):
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
         return top_k_prediction(self.forward_batch(batch, "predict").logits, batch.index)
+
+    def plain_inference(self) -> ClassifierInference:
+        """`predict_step` without the task: the model's top-5 classes (`vitdense.models`)."""
+        return ClassifierInference(self.num_classes)

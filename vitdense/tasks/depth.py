@@ -31,7 +31,7 @@ from vitdense.heads.dpt import DPTHead, dpt_hooks
 from vitdense.heads.factory import HeadSpec, head_factory
 from vitdense.losses.depth import SILogLoss, compute_scale_and_shift
 from vitdense.metrics.depth import DEPTH_METRIC_NAMES, DepthMetrics
-from vitdense.models.depth import DPT, DepthOutputKind
+from vitdense.models.depth import DPT, DepthOutputKind, DPTInference
 from vitdense.results.depth import DepthResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_depth
@@ -285,3 +285,11 @@ class DepthTask(BaseTask):
         raws = self.model.estimate(batch.image, batch.image_sizes, batch.depth_sizes.sizes)
         depths = raws if self.relative else [self.model.depth(r) for r in raws]
         return DepthPrediction(batch.index, depths, self.relative, self.png_scale)
+
+    def plain_inference(self) -> DPTInference:
+        """`predict_step` without the task: depth (a relative model's inverse depth) at each
+        image's size, with the head's blocks and the model's output map (`vitdense.models`)."""
+        model = self.model
+        return DPTInference(
+            list(model.head.hooks), model.output, model.scale, model.shift, model.relative, self.png_scale
+        )

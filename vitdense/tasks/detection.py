@@ -26,7 +26,7 @@ from vitdense.deploy.slicing import SlicedImages, predict_sliced
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
 from vitdense.metrics.detection import DetectionMeanAP
-from vitdense.models.detection import DETRDetector, Selection
+from vitdense.models.detection import DetectorInference, DETRDetector, Selection
 from vitdense.results.detection import DetectionResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
@@ -223,3 +223,8 @@ class DetectionTask(BaseTask):
         if isinstance(batch, SlicedImages):  # large images in tiles (`vitdense.deploy.slicing`)
             return predict_sliced(self, batch)
         return self.detections(self.forward_batch(batch, "predict"), batch)
+
+    def plain_inference(self) -> DetectorInference:
+        """`predict_step` without the task: the model's detections, read as its `selection`
+        and `top_k` say, at each image's size (`vitdense.models`)."""
+        return DetectorInference(self.num_classes, self.model.selection, self.model.top_k)

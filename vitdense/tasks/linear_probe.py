@@ -16,10 +16,9 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitdense.backbone import VisionTransformer
 from vitdense.core.errors import ConfigError
 from vitdense.heads import LinearProbeHead
-from vitdense.models.classification import LinearProbe
+from vitdense.models.classification import LinearProbe, LinearProbeInference, top_k_prediction
 from vitdense.results.classification import ClassificationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
-from vitdense.tasks.classification import top_k_prediction
 from vitdense.tasks.pictures import draw_classified
 from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import ClassPrediction, ImageSizes, LabeledImages, Losses
@@ -176,6 +175,10 @@ class LinearProbeTask(BaseTask):
         if batch is None:  # every image of the batch was unreadable and skipped (on_bad_sample=skip)
             return None
         return top_k_prediction(self.forward_batch(batch, "predict")[int(self.best_head)], batch.index)
+
+    def plain_inference(self) -> LinearProbeInference:
+        """`predict_step` without the task: the best head's top-5 classes (`vitdense.models`)."""
+        return LinearProbeInference(self.num_classes, len(self.lrs), self.n_last_blocks, self.avgpool)
 
     def param_groups(self) -> list[dict]:
         return [

@@ -13,7 +13,7 @@ from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
 from vitdense.backbone import VisionTransformer
-from vitdense.models.pretrain import MaskedImageModel
+from vitdense.models.pretrain import MaskedImageInference, MaskedImageModel
 from vitdense.pretrain import MaskedAutoencoder, MaskedImageObjective, MaskedImageOutput
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage, follow_grad_checkpointing
 from vitdense.tasks.pictures import draw_masked_patches
@@ -129,3 +129,8 @@ class MaskedImageModelingTask(BaseTask):
     def draw_batch(self, batch: LabeledImages, pixels: list[np.ndarray], palette: np.ndarray) -> list[np.ndarray]:
         """Per image: the input, what was hidden (grey), [the true target], the prediction."""
         return draw_masked_patches(self.objective, self.forward_batch(batch, "val"), batch.image)
+
+    def plain_inference(self) -> MaskedImageInference:
+        """The model rebuilt without the task (`vitdense.load_model`, `export --format weights`);
+        it predicts nothing."""
+        return MaskedImageInference()

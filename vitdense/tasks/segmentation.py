@@ -22,7 +22,7 @@ from vitdense.core.errors import ConfigError
 from vitdense.heads.segmenter import MaskTransformerDecoder
 from vitdense.losses.segmentation import pixel_cross_entropy
 from vitdense.metrics.segmentation import SegmentationMetrics
-from vitdense.models.segmentation import Segmenter
+from vitdense.models.segmentation import Segmenter, SegmenterInference
 from vitdense.results.segmentation import SegmentationResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_segmented
@@ -202,3 +202,16 @@ class SegmentationTask(BaseTask):
             return None
         logits = self.forward_batch(batch, "predict").logits
         return SegmentationPrediction(batch.index, [x[0].argmax(0) for x in logits])
+
+    def plain_inference(self) -> SegmenterInference:
+        """`predict_step` without the task: sliding windows at `test_stride` with the test-time
+        augmentation, labels at each image's size (`vitdense.models`)."""
+        return SegmenterInference(
+            self.num_classes,
+            self.window,
+            self.ignore_index,
+            self.test_stride,
+            list(self.test_scales),
+            self.test_flip,
+            self.window_batch_size,
+        )

@@ -34,7 +34,14 @@ from vitdense.heads.eomt import EoMTHead
 from vitdense.losses import MaskSetCriterion
 from vitdense.metrics.segmentation import SegmentationMetrics
 from vitdense.metrics.universal import PQ_KEYS, InstanceMeanAP, PanopticQuality
-from vitdense.models.universal import EoMT, instance_inference, panoptic_inference, semantic_inference
+from vitdense.models.universal import (
+    EoMT,
+    EoMTInference,
+    Segmentation,
+    instance_inference,
+    panoptic_inference,
+    semantic_inference,
+)
 from vitdense.results.segmentation import SegmentationResult
 from vitdense.results.universal import InstanceResult, PanopticResult
 from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
@@ -56,8 +63,6 @@ from vitdense.types import (
     SegmentTargets,
     Size,
 )
-
-Segmentation = Literal["panoptic", "instance", "semantic"]
 
 #: EoMT's head: 200 queries (panoptic, instance; 100 for semantic) in the last 4 blocks (3 for 12-layer models)
 DEFAULT_EOMT_HEAD = partial(EoMTHead, num_queries=200, num_blocks=4)
@@ -485,3 +490,19 @@ class UniversalSegmentationTask(BaseTask):
         if self.segmentation == "instance":
             return InstancePrediction(batch.index, [self.instances(c, m) for c, m in logits])
         return PanopticPrediction(batch.index, [self.panoptic(c, m) for c, m in logits])
+
+    def plain_inference(self) -> EoMTInference:
+        """`predict_step` without the task: its `segmentation` post-processed with its
+        thresholds, `top_k`, things and windows (`vitdense.models`)."""
+        return EoMTInference(
+            num_classes=self.num_classes,
+            window=self.window,
+            stride=self.stride,
+            segmentation=self.segmentation,
+            is_thing=[bool(t) for t in self.is_thing] if self.is_thing is not None else None,
+            score_threshold=self.score_threshold,
+            overlap_threshold=self.overlap_threshold,
+            top_k=self.top_k,
+            ignore_index=self.ignore_index,
+            window_batch_size=self.window_batch_size,
+        )
