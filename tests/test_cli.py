@@ -155,20 +155,31 @@ def test_a_bug_keeps_its_traceback():
         main(["fit", "--config", DEMO, "--data=tests.test_cli.BuggyDataModule"])
 
 
-def test_detection_fit_then_test_and_predict_from_its_checkpoint(tmp_path, monkeypatch):
+@pytest.fixture
+def detection_fit(tiny_runs):
+    """The detection demo fitted through the CLI for 2 steps on 8 images of 32 px, 3 for
+    validation, in its own folder (the session's: tests/tiny_runs.py): (its LightningCLI, the
+    folder its runs/ and data/ went to)."""
+    folder, _ = tiny_runs["det"]
+    return tiny_runs.cli("det"), folder
+
+
+def test_detection_fit_then_test_and_predict_from_its_checkpoint(detection_fit, tmp_path, monkeypatch):
     """The detection demo end to end through the CLI: fit, then `test` and `predict` from the
     checkpoint; predict writes a COCO results JSON (original category ids) and drawn images."""
     import json
 
     from pycocotools.coco import COCO
 
-    monkeypatch.chdir(tmp_path)  # the demo writes runs/ and data/ relative to the working folder
+    monkeypatch.chdir(tmp_path)  # the demo writes runs/ relative to the working folder
     config = str(Path(__file__).parents[1] / "configs" / "demo_det.yaml")
+    fit, folder = detection_fit
+    data = folder / "data" / "synthetic_det"  # the fit's data, written where it ran
     small = ["--data.init_args.img_size=32", "--data.init_args.train_size=8", "--data.init_args.val_size=3"]
     small += ["--data.init_args.loader.batch_size=4", "--trainer.enable_progress_bar=false"]
-    fit = main(["fit", "--config", config, *small, "--trainer.max_steps=2", "--trainer.num_sanity_val_steps=0"])
+    small += [f"--data.init_args.root={data}"]
     assert fit.trainer.global_step == 2
-    ckpt = tmp_path / "runs" / "demo_det" / "checkpoints" / "last.ckpt"
+    ckpt = folder / "runs" / "demo_det" / "checkpoints" / "last.ckpt"
     assert ckpt.is_file()
 
     tested = main(["test", "--config", config, *small, f"--ckpt_path={ckpt}"])
@@ -187,7 +198,7 @@ def test_detection_fit_then_test_and_predict_from_its_checkpoint(tmp_path, monke
     weights = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     assert all(torch.equal(v, predicted.model.state_dict()[k]) for k, v in weights.items())  # the trained model
     results = json.loads(out.read_text())
-    gt = COCO(str(tmp_path / "data" / "synthetic_det" / "annotations" / "instances_val.json"))
+    gt = COCO(str(data / "annotations" / "instances_val.json"))
     assert {r["image_id"] for r in results} == set(gt.getImgIds())  # every image, 20 queries x 3 classes each
     assert len(results) == 3 * 20 * 3
     assert {r["category_id"] for r in results} <= {1, 3, 5}  # the JSON's own ids, not labels 0..2

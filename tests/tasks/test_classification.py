@@ -7,8 +7,7 @@ import torch
 import yaml
 
 from vitdense.backbone import VisionTransformer
-from vitdense.cli import main
-from vitdense.data import LabeledImages, LoaderConfig
+from vitdense.data import LabeledImages
 from vitdense.heads import ClassificationHead
 from vitdense.tasks import BackboneConfig, ClassificationTask
 from vitdense.types import ImageSizes
@@ -94,9 +93,17 @@ def test_a_checkpoint_from_before_the_head_followed_the_backbone_loads_as_record
     assert is_zero(head_factory(loaded.hparams["head"])(192, 3).fc)
 
 
-def test_demo_config_fits_through_the_cli(tmp_path):
+@pytest.fixture
+def demo_fit(tiny_runs):
+    """demo_cls.yaml fitted through the CLI for 2 steps (8 images of 64 px, batch 4, one epoch
+    with its validation), as the session's other tests use it (tests/tiny_runs.py): its
+    LightningCLI."""
+    return tiny_runs.cli("cls")
+
+
+def test_demo_config_fits_through_the_cli(demo_fit):
     cfg = CONFIGS / "demo_cls.yaml"
-    cli = main(["fit", "--config", str(cfg), "--trainer.fast_dev_run=2", f"--trainer.default_root_dir={tmp_path}"])
+    cli = demo_fit
     model = cli.model
     assert isinstance(model, ClassificationTask)
     assert isinstance(model.head, ClassificationHead) and model.head.pool == "avg"  # injected from YAML
@@ -130,20 +137,8 @@ def test_mixup_trains_on_soft_targets_like_timm():
         task.forward_batch(odd, "train")
 
 
-def test_checkpoint_reloads_with_load_from_checkpoint(tmp_path):
-    cli = main(
-        [
-            "fit",
-            "--config",
-            str(CONFIGS / "demo_cls.yaml"),
-            f"--trainer.default_root_dir={tmp_path}",
-            "--trainer.max_steps=2",
-            "--trainer.limit_val_batches=1",
-            "--trainer.enable_progress_bar=false",
-            "--data.init_args.img_size=32",
-            "--data.init_args.loader.batch_size=4",
-        ]
-    )
+def test_checkpoint_reloads_with_load_from_checkpoint(demo_fit, tmp_path):
+    cli = demo_fit
     path = tmp_path / "model.ckpt"
     cli.trainer.save_checkpoint(path)
     reloaded = ClassificationTask.load_from_checkpoint(path).eval()
@@ -174,20 +169,9 @@ def test_plateau_schedule_steps_per_epoch_on_the_monitored_metric():
     assert config["interval"] == "epoch" and config["monitor"] == "val/acc1"
 
 
-def test_python_api_checkpoint_loads_with_weights_only(tmp_path):
-    import lightning as L
-
-    from vitdense.data import SyntheticClassificationDataModule
-
-    task = ClassificationTask(num_classes=4, backbone=BackboneConfig(img_size=32))
-    trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
-    trainer.fit(
-        task,
-        datamodule=SyntheticClassificationDataModule(
-            img_size=32, train_size=8, val_size=4, loader=LoaderConfig(batch_size=4)
-        ),
-    )
-    path = tmp_path / "api.ckpt"
-    trainer.save_checkpoint(path)
+def test_python_api_checkpoint_loads_with_weights_only(fitted_from_python):
+    # a classifier fitted by `lightning.Trainer(...).fit(task, datamodule)`, the checkpoint its
+    # ModelCheckpoint wrote (`trainer.save_checkpoint`): the session's (tests/conftest.py)
+    task, path = fitted_from_python
     reloaded = ClassificationTask.load_from_checkpoint(path)  # torch.load(weights_only=True) underneath
     assert reloaded.backbone_config == task.backbone_config

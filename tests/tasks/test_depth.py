@@ -45,25 +45,10 @@ MODEL = {
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    """The demo's task, tiny, fitted for two steps through the CLI on the synthetic rooms: (root, checkpoint)."""
-    root = tmp_path_factory.mktemp("depth")
-    config = root / "depth.yaml"  # (LightningCLI writes its own config.yaml beside)
-    data = {
-        "class_path": "vitdense.data.SyntheticDepthDataModule",
-        "init_args": {
-            "root": str(root / "rooms"),
-            "img_size": 32,
-            "train_size": 4,
-            "val_size": 3,
-            "loader": {"batch_size": 2},
-        },
-    }
-    config.write_text(json.dumps({"model": MODEL, "data": data}))
-    args = ["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false"]
-    main([*args, f"--trainer.default_root_dir={root}", "--trainer.logger=false"])
-    (ckpt,) = (root / "checkpoints").glob("*.ckpt")
-    return root, ckpt
+def fitted(tiny_runs):
+    """The demo's task, tiny (`MODEL`), fitted for two steps through the CLI on the synthetic
+    rooms, its config in root/depth.yaml (the session's run: tests/tiny_runs.py): (root, checkpoint)."""
+    return tiny_runs["depth"]
 
 
 @pytest.fixture(scope="module")

@@ -38,13 +38,10 @@ def write_config(tmp_path: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
-    """{objective: (uninterrupted CLI run, its folder)} for MAE and the paper's objective."""
-    runs = {}
-    for name, config in (("mae", "demo_pretrain.yaml"), ("mpp", "demo_pretrain_mpp.yaml")):
-        tmp = tmp_path_factory.mktemp(name)
-        runs[name] = main(["fit", "--config", str(write_config(tmp, config)), f"--trainer.default_root_dir={tmp}"]), tmp
-    return runs
+def pretrained(tiny_runs):
+    """{objective: (uninterrupted CLI run, its folder)} for MAE and the paper's objective, each
+    the demo config as `write_config` writes it (the session's runs: tests/tiny_runs.py)."""
+    return {name: (tiny_runs.cli(name), tiny_runs[name][0]) for name in ("mae", "mpp")}
 
 
 @pytest.mark.parametrize("name", ["mae", "mpp"])

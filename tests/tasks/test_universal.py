@@ -302,12 +302,11 @@ def demo_config(root: Path, **trainer) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
-    """The demo fitted for 4 steps through the CLI, then tested: (config, checkpoint, test figures)."""
-    root = tmp_path_factory.mktemp("panoptic") / "run"
-    config = demo_config(root)
-    main(["fit", "--config", str(config)])
-    ckpt = root / "checkpoints" / "epoch=0-step=4.ckpt"
+def fitted(tiny_runs):
+    """The demo (`demo_config`) fitted for 4 steps through the CLI (the session's run:
+    tests/tiny_runs.py), then tested: (config, checkpoint, test figures)."""
+    folder, ckpt = tiny_runs["panoptic"]
+    config = folder / "run" / "config.yaml"
     cli = main(["test", "--config", str(config), f"--ckpt_path={ckpt}"])
     return config, ckpt, {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
 
