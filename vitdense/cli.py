@@ -481,7 +481,10 @@ def _names_multitask(argv: list[str]) -> bool:
 
     paths = [_option(argv, "--model"), _option(argv, "--model.class_path")]
     for config in _config_files(argv):
-        loaded = yaml.safe_load(config.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(config.read_text()) or {}
+        except yaml.YAMLError:
+            continue  # (the command line names the file, line and column of a bad YAML: _check_yaml)
         model = loaded.get("model") if isinstance(loaded, dict) else None
         paths.append(model.get("class_path") if isinstance(model, dict) else None)
     for path in paths:
