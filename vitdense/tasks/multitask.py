@@ -197,21 +197,10 @@ class MultiTask(L.LightningModule):
     # ------------------------------------------------------------------------ the loop
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor | None:
         with self._attached():
-            losses = {}
-            for name, task in self.tasks.items():
-                part = batch.get(name)
-                if part is None:  # that loader is exhausted ("max_size") or every sample was skipped
-                    continue
-                output = task.forward_batch(part, "train")
-                result = task.compute_loss(output, part, "train")
-                log = dict(on_step=True, on_epoch=True, batch_size=part.image.shape[0])
-                self.log(f"train/{name}/loss", result.total, **log)
-                for term, value in result.terms.items():
-                    self.log(f"train/{name}/{term}", value, **log)
-                metrics = task.metrics_of("train")
-                if metrics is not None:
-                    task.update_metrics(metrics, output, part, "train")
-                losses[name] = result.total
+            # each task's own step on its own batch (its losses logged under its name); None: that
+            # loader is exhausted ("max_size") or every sample of the batch was skipped
+            losses = {name: task._shared_step(batch.get(name), "train") for name, task in self.tasks.items()}
+            losses = {name: loss for name, loss in losses.items() if loss is not None}
             if not losses:
                 return None
             total = self.combine(losses)
@@ -231,17 +220,8 @@ class MultiTask(L.LightningModule):
         return total
 
     def _eval_step(self, batch: Any, dataloader_idx: int, stage: Stage) -> None:
-        with self._attached():
-            if batch is None:
-                return
-            name = self.names[dataloader_idx]
-            task = self.tasks[name]
-            output = task.forward_batch(batch, stage)
-            losses = task.compute_loss(output, batch, stage)
-            metrics = task.metrics_of(stage)
-            if metrics is not None:
-                task.update_metrics(metrics, output, batch, stage)
-            task.eval_losses.update(stage, losses, weight=batch.image.shape[0])
+        with self._attached():  # the task's own evaluation step: its metrics and its dataset-level losses
+            self.tasks[self.names[dataloader_idx]]._shared_step(batch, stage)
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_step(batch, dataloader_idx, "val")
