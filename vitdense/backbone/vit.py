@@ -10,7 +10,8 @@ batch-mates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Literal, NamedTuple
 
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vitdense.backbone.attention import Attention, AttnImpl, Window
+from vitdense.backbone.one_pass import EncodedBatch, EncoderRequest, OnePass
 from vitdense.backbone.pos_embed import GridSize, PosEmbed
 from vitdense.backbone.rope import grid_rotary
 from vitdense.types import ImageSizes
@@ -272,6 +274,8 @@ class VisionTransformer(nn.Module):
         )
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if final_norm else nn.Identity()
         self.grad_checkpointing = False
+        #: the open `one_pass` block's passes (None: every call encodes)
+        self._one_pass: OnePass | None = None
         #: timm's pretrained config (mean, std, input size, ...); `create_backbone` fills it in
         self.pretrained_cfg: dict = {}
         self.init_weights()
@@ -569,12 +573,25 @@ class VisionTransformer(nn.Module):
                 hand to their necks).
             stem_stages: a hybrid CNN's stages whose outputs to return (`HybridEmbed.forward_stages`).
         """
-        stem_features: tuple[torch.Tensor, ...] = ()
-        if stem_stages:  # the hybrid CNN's stage maps from the same pass (DPT-Hybrid reads two)
+        request = EncoderRequest(tuple(intermediates), tuple(attentions), tuple(stem_stages))
+        memo = getattr(self, "_one_pass", None)  # (a module unpickled from before one_pass has none)
+        encoded = memo.lookup(x, image_sizes, request, self.depth, self.training) if memo is not None else None
+        if encoded is None:
+            encoded = self.encode(x, image_sizes, request if memo is None else memo.request.union(request))
+            if memo is not None:
+                memo.store(x, image_sizes, encoded, self.training)
+        return self.features_of(encoded, request, norm_intermediates)
+
+    def encode(self, x: torch.Tensor, image_sizes: ImageSizes | None, request: EncoderRequest) -> EncodedBatch:
+        """One pass over images [B, C, H, W] computing what `request` asks (`forward` then
+        hands each head its part: `features_of`)."""
+        stem: dict[int, torch.Tensor] = {}
+        if request.stem_stages:  # the hybrid CNN's stage maps from the same pass (DPT-Hybrid reads two)
             if not hasattr(self.patch_embed, "forward_stages"):
-                raise ValueError(f"stem_stages={tuple(stem_stages)}: only a hybrid patch embedding has CNN stages")
+                raise ValueError(f"stem_stages={request.stem_stages}: only a hybrid patch embedding has CNN stages")
             full = image_sizes or ImageSizes.full(x.shape[0], tuple(x.shape[-2:]))
-            tokens, stem_features = self.patch_embed.forward_stages(x, full, stem_stages)
+            tokens, maps = self.patch_embed.forward_stages(x, full, request.stem_stages)
+            stem = dict(zip(request.stem_stages, maps, strict=True))
             image_sizes = full.at_stride(self.patch_size)
         else:
             tokens, image_sizes = self.embed(x, image_sizes)
@@ -582,21 +599,44 @@ class VisionTransformer(nn.Module):
         x = self.add_pos_embed(tokens, image_sizes)
         keys = self.key_mask(image_sizes, x.device)
         rope = self.rotary(image_sizes, x.device)
-        x, outs, attns = self.forward_tokens(x, keys, grid, intermediates, attentions, rope)
-
-        p = self.num_prefix_tokens
-        prefix, patches = x[:, :p], x[:, p:]
+        x, outs, attns = self.forward_tokens(x, keys, grid, request.intermediates, request.attentions, rope)
         if keys is not None:
-            patches = patches.masked_fill(~keys[:, p:, None], 0.0)
+            x = x.masked_fill(~keys[..., None], 0.0)  # (prefix tokens are always keys: only padding is zeroed)
+        return EncodedBatch(x, grid, image_sizes, outs, attns, stem, request)
+
+    def features_of(self, encoded: EncodedBatch, request: EncoderRequest, norm_intermediates: bool) -> ViTFeatures:
+        """What `request` asks of a pass, as `ViTFeatures` (block outputs through the final
+        norm when `norm_intermediates`)."""
+        for i in (*request.intermediates, *request.attentions):
+            if not -self.depth <= i < self.depth:
+                raise ValueError(f"block index {i} is out of range for depth {self.depth}")
+        p = self.num_prefix_tokens
+        prefix, patches = encoded.tokens[:, :p], encoded.tokens[:, p:]
+        blocks = (encoded.blocks[i % self.depth] for i in request.intermediates)
         return ViTFeatures(
             cls_token=prefix[:, 0] if self.cls_token is not None else None,
             patch_tokens=patches,
-            grid_size=grid,
-            image_sizes=image_sizes,
+            grid_size=encoded.grid,
+            image_sizes=encoded.image_sizes,
             prefix_tokens=prefix,
-            intermediates=tuple(
-                self.norm(outs[i % self.depth]) if norm_intermediates else outs[i % self.depth] for i in intermediates
-            ),
-            attentions=tuple(attns[i % self.depth] for i in attentions),
-            stem_features=stem_features,
+            intermediates=tuple(self.norm(y) if norm_intermediates else y for y in blocks),
+            attentions=tuple(encoded.attentions[i % self.depth] for i in request.attentions),
+            stem_features=tuple(encoded.stem[s] for s in request.stem_stages),
         )
+
+    @contextmanager
+    def one_pass(self, request: EncoderRequest | None = None) -> Iterator[OnePass]:
+        """Inside, calls on the same images share one pass of the encoder
+        (`vitdense.backbone.one_pass`): the first computes `request` (what every head that
+        will call declared, `request_of`) and what it asks itself; later calls are answered
+        from it. Nested blocks share the outer one's passes."""
+        outer = getattr(self, "_one_pass", None)
+        if outer is not None:
+            outer.request = outer.request.union(request or EncoderRequest())
+            yield outer
+            return
+        self._one_pass = OnePass(request or EncoderRequest())
+        try:
+            yield self._one_pass
+        finally:
+            self._one_pass = None

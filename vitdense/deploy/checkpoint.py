@@ -92,6 +92,8 @@ def record_inference(checkpoint: dict[str, Any], datamodule: Any) -> None:
 
 #: where a checkpoint records how its plain model is rebuilt and predicts without its task (`record_model`)
 MODEL_KEY = "vitdense_model"
+#: where a multi-task checkpoint records each task's model record and preprocessing, by name
+TASKS_KEY = "vitdense_tasks"
 
 
 def record_model(checkpoint: dict[str, Any], task: Any) -> None:
@@ -379,6 +381,9 @@ class Checkpoint:
         self.inference: dict[str, Any] | None = ckpt.get("vitdense_inference")
         #: how the plain model is rebuilt and predicts (`record_model`), as plain data, or None
         self.model_record: dict[str, Any] | None = ckpt.get(MODEL_KEY)
+        #: a multi-task checkpoint's tasks: {name: {"model": record or None, "inference": data or
+        #: None}} (`vitdense.deploy.multitask.record_tasks`); None for a single task's
+        self.tasks_record: dict[str, Any] | None = ckpt.get(TASKS_KEY)
         self._state_dict = ckpt["state_dict"]  # (memory-mapped: read when the model loads it)
         data = ckpt.get("datamodule_hyper_parameters") or {}
         self.data_class: str | None = data.get(CLASS_PATH_KEY)
@@ -411,41 +416,32 @@ class Checkpoint:
     def recorded_inference(self) -> Any | None:
         """The inference the checkpoint recorded (`record_model`: a `vitdense.models` dataclass,
         built from its fields; no weights read), or None for a checkpoint without the record."""
-        if self.model_record is None:
-            return None
-        spec = self.model_record["inference"]
-        try:
-            return locate(spec["class_path"])(**spec["init_args"])
-        except (ImportError, AttributeError, TypeError) as err:
-            raise CheckpointError(
-                f"ckpt_path {self.path}: its model record names {spec['class_path']}, which cannot be built here "
-                f"({err}); install the vitdense that wrote it"
-            ) from err
+        return None if self.model_record is None else recorded_inference(self.model_record, self.path)
 
     def restore_plain(self, map_location: str | torch.device = "cpu") -> PlainTask | None:
         """The plain model and its recorded inference as a `PlainTask`, its weights from this
         checkpoint, without importing the task class (nor Lightning); None for a checkpoint
         without the record (`record_model`). As `restore`, the backbone's starting weights
         file is not read (the record keeps none) and pre-trained hub weights are not fetched."""
-        inference = self.recorded_inference()
-        if inference is None:
+        if self.model_record is None:
             return None
-        record = self.model_record
-
-        def build() -> nn.Module:
-            backbone = BackboneConfig(**without_weights_file(dict(record["backbone"]))).build(load_pretrained=False)
-            return inference.build(backbone, head_factory(record["head"]))
-
-        model = load_weights_into(build, self._state_dict)
-        task = PlainTask(model, inference, record.get("class_names") or [], self.task_class)
-        return task.to(map_location).eval()
+        return plain_task(self.model_record, self._state_dict, self.task_class, self.path, map_location)
 
     def for_inference(self, map_location: str | torch.device = "cpu") -> PlainTask | L.LightningModule:
         """What predicts, in evaluation mode: the plain model and its recorded inference
         (`restore_plain`), or for a checkpoint without that record (written before it, or by a
         task of your own) the task itself (`restore`, through Lightning)."""
+        if self.is_multitask:  # every task on one encoder (`vitdense.deploy.multitask`)
+            from vitdense.deploy.multitask import PlainMultiTask, restore_tasks
+
+            return PlainMultiTask(restore_tasks(self, map_location)).eval()
         plain = self.restore_plain(map_location)
         return plain if plain is not None else self.restore(map_location).eval()
+
+    @property
+    def is_multitask(self) -> bool:
+        """A checkpoint of `vitdense.tasks.MultiTask` (several tasks on one encoder, by name)."""
+        return self.tasks_record is not None or isinstance(self.task.get("tasks"), Mapping)
 
     def result_type(self) -> Any:
         """What the checkpoint's task predicts (`vitdense.results`), for checks made before its
@@ -466,6 +462,39 @@ class Checkpoint:
                 f"ckpt_path {self.path}: its task {self.task_class} cannot be imported ({err}); install the package "
                 "that defines it"
             ) from err
+
+
+def recorded_inference(record: Mapping[str, Any], path: Any) -> Any:
+    """The `vitdense.models` inference dataclass a model record (`record_model`) names, built
+    from its fields (no weights read); `path`: the checkpoint, named if it cannot be built."""
+    spec = record["inference"]
+    try:
+        return locate(spec["class_path"])(**spec["init_args"])
+    except (ImportError, AttributeError, TypeError) as err:
+        raise CheckpointError(
+            f"ckpt_path {path}: its model record names {spec['class_path']}, which cannot be built here "
+            f"({err}); install the vitdense that wrote it"
+        ) from err
+
+
+def plain_task(
+    record: Mapping[str, Any],
+    state_dict: Mapping[str, Any],
+    task_class: str,
+    path: Any,
+    map_location: str | torch.device = "cpu",
+) -> PlainTask:
+    """A model record's `PlainTask` (`record_model`), in evaluation mode, its weights the
+    `model.*` tensors of a task's `state_dict`."""
+    inference = recorded_inference(record, path)
+
+    def build() -> nn.Module:
+        backbone = BackboneConfig(**without_weights_file(dict(record["backbone"]))).build(load_pretrained=False)
+        return inference.build(backbone, head_factory(record["head"]))
+
+    model = load_weights_into(build, state_dict)
+    task = PlainTask(model, inference, record.get("class_names") or [], task_class)
+    return task.to(map_location).eval()
 
 
 def without_weights_file(backbone: Any) -> Any:

@@ -338,7 +338,13 @@ def export_checkpoint(
         raise ConfigError(f"--half --format {fmt}: float16 is written for ONNX only (--format onnx --half)")
     found = Checkpoint(ckpt_path)
     model = found.for_inference("cpu").model  # (the plain model where the checkpoint records it: no Lightning)
-    if found.inference is not None:  # the preprocessing the checkpoint recorded
+    size = found.data.get("img_size") or 224
+    if found.is_multitask:  # one graph, the encoder run once: one normalisation for every task
+        from vitdense.deploy.multitask import example_size, normalization
+
+        mean, std = normalization(found)
+        size = example_size(found) or size
+    elif found.inference is not None:  # the preprocessing the checkpoint recorded
         preprocess = InferenceData.from_data(found.inference).preprocess
         mean, std = preprocess.mean, preprocess.std
     else:  # written before it was recorded: the data's hyperparameters
@@ -346,7 +352,6 @@ def export_checkpoint(
     if mean is None or std is None:
         raise ConfigError(f"ckpt_path {found.path}: its data records no mean/std, so the graph cannot normalise")
     wrapper = exportable(model, list(mean), list(std))
-    size = found.data.get("img_size") or 224
     traced = trace(wrapper, height or size, width or size, dynamic, dynamic_batch)
     suffix = {"openvino": ".xml"}.get(fmt, f".{fmt}")
     path = Path(output) if output else found.path.with_name(found.path.stem + ("-fp16" if half else "") + suffix)

@@ -206,7 +206,7 @@ class Predictor:
         task fitted from Python): its model and inference (`Checkpoint.for_inference`: the
         plain model where the checkpoint records it, else the task through Lightning),
         weights, preprocessing and class names."""
-        found = Checkpoint(path)
+        found = path if isinstance(path, Checkpoint) else Checkpoint(path)
         if slicing is not None:  # (a task without objects: refused before its weights load)
             check_checkpoint_sliceable(found)
         task = found.for_inference("cpu")
@@ -293,7 +293,18 @@ def load(
     batch_size: int | None = None,
     precision: str = "32-true",
     slicing: Slicing | None = None,
-) -> Predictor:
+) -> Predictor | Any:
     """The `Predictor` of a vitdense training checkpoint (see `Predictor.from_checkpoint`;
-    `slicing`: predict in tiles, `vitdense.deploy.slicing`)."""
-    return Predictor.from_checkpoint(path, device=device, batch_size=batch_size, precision=precision, slicing=slicing)
+    `slicing`: predict in tiles, `vitdense.deploy.slicing`); for a multi-task checkpoint
+    (`vitdense.tasks.MultiTask`) a `MultiTaskPredictor`: {name: result} per image."""
+    found = Checkpoint(path)
+    if found.is_multitask:
+        from vitdense.deploy.multitask import MultiTaskPredictor
+
+        if slicing is not None:
+            raise ConfigError(
+                f"ckpt_path {found.path}: slicing is not offered for a multi-task checkpoint yet; load the task "
+                "that needs tiles from its own checkpoint"
+            )
+        return MultiTaskPredictor.from_checkpoint(found, device=device, batch_size=batch_size, precision=precision)
+    return Predictor.from_checkpoint(found, device=device, batch_size=batch_size, precision=precision, slicing=slicing)

@@ -12,10 +12,11 @@ metrics and the optimisation; a checkpoint's model is `vitdense.load_model(path)
       MaskedImageModel  -> MaskedImageOutput: a pre-training objective's predictions and targets
       EoMT              -> MaskClassOutput: class and mask logits per query (semantic, instance, panoptic)
       DPT               -> depth (or inverse depth) [B, 1, H, W]; `estimate` runs each size unpadded
+      MultiTaskModel    -> {name: each model's output}, the shared encoder run once
 
 
 One module per family (`vitdense.models.classification`, `.segmentation`, `.detection`,
-`.universal`, `.depth`, `.pretrain`), sliding-window inference in `vitdense.models.windows`.
+`.universal`, `.depth`, `.pretrain`, `.multitask`), sliding-window inference in `vitdense.models.windows`.
 
 How each predicts without its task is a small frozen dataclass of plain settings beside it
 (`ClassifierInference`, `LinearProbeInference`, `SegmenterInference`, `DetectorInference`,
@@ -61,6 +62,7 @@ _WHERE = {
     "DPTInference": "vitdense.models.depth",
     "MaskedImageModel": "vitdense.models.pretrain",
     "MaskedImageInference": "vitdense.models.pretrain",
+    "MultiTaskModel": "vitdense.models.multitask",
     "Predict": "vitdense.models.windows",
     "window_starts": "vitdense.models.windows",
     "slide_inference": "vitdense.models.windows",

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitdense.backbone import VisionTransformer
+from vitdense.backbone.one_pass import EncoderRequest
 from vitdense.core.errors import ConfigError
 from vitdense.results.depth import DepthResult
 from vitdense.types import ImageSizes, Size
@@ -65,6 +66,11 @@ class DPT(nn.Module):
         self.relative = relative
         #: the graph's output: metric depth, or the relative inverse depth (no scale to make it metres)
         self.export_names = ("inverse_depth",) if relative else ("depth",)
+
+    @property
+    def encoder_request(self) -> EncoderRequest:
+        """What the head reads off the encoder (a shared pass computes it: `one_pass`)."""
+        return EncoderRequest(intermediates=tuple(self.head.block_hooks), stem_stages=tuple(self.head.stage_hooks))
 
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> torch.Tensor:
         """images [B, 3, H, W] -> the head's output [B, 1, H, W] fp32 (metric or inverse depth,

@@ -13,6 +13,7 @@ from torch import nn
 from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer
+from vitdense.backbone.one_pass import EncoderRequest
 from vitdense.core.errors import ConfigError
 from vitdense.results.detection import DetectionResult
 from vitdense.types import BoxTargets, DetectedImages, DetectionOutput, Detections, ImageSizes, Size
@@ -89,6 +90,11 @@ class DETRDetector(nn.Module):
         self.head = head
         self.selection = selection
         self.top_k = top_k
+
+    @property
+    def encoder_request(self) -> EncoderRequest:
+        """What the head reads off the encoder (a shared pass computes it: `one_pass`)."""
+        return EncoderRequest(intermediates=tuple(getattr(self.head, "feature_indexes", ())))
 
     def forward(
         self,

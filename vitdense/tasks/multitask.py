@@ -39,14 +39,18 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from vitdense.backbone import VisionTransformer
+from vitdense.backbone.one_pass import EncoderRequest, shared_request
 from vitdense.core.errors import CheckpointError, ConfigError
 from vitdense.deploy.checkpoint import (
     CLASS_PATH_KEY,
     INSTANTIATOR,
+    TASKS_KEY,
     importable_path,
+    plain_data,
     record_class_paths,
     without_weights_file,
 )
+from vitdense.deploy.multitask import record_tasks
 from vitdense.heads.factory import locate
 from vitdense.tasks.base import STAGES, BaseTask, Stage
 from vitdense.training.callbacks import task_callbacks
@@ -190,13 +194,21 @@ class MultiTask(L.LightningModule):
             for task in self.tasks.values():
                 task.configure_model()  # (`compile`, as each task asks)
 
+    @property
+    def encoder_request(self) -> EncoderRequest:
+        """The union of what the tasks' heads read off the encoder."""
+        return shared_request({name: task.model for name, task in self.tasks.items()})
+
     def forward(self, images: torch.Tensor, image_sizes: Any = None) -> dict[str, Any]:
-        """{name: that task's model output} for images [B, 3, H, W]."""
-        return {name: task(images, image_sizes) for name, task in self.tasks.items()}
+        """{name: that task's model output} for images [B, 3, H, W], the encoder run once."""
+        with self.backbone.one_pass(self.encoder_request):
+            return {name: task(images, image_sizes) for name, task in self.tasks.items()}
 
     # ------------------------------------------------------------------------ the loop
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor | None:
-        with self._attached():
+        # tasks whose batches hold the same images (one dataset, several kinds of labels) share
+        # one encoder pass, and its gradient sums theirs; other batches are encoded each
+        with self._attached(), self.backbone.one_pass(self.encoder_request):
             # each task's own step on its own batch (its losses logged under its name); None: that
             # loader is exhausted ("max_size") or every sample of the batch was skipped
             losses = {name: task._shared_step(batch.get(name), "train") for name, task in self.tasks.items()}
@@ -268,7 +280,10 @@ class MultiTask(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # a fit from Python names the class as the command line does: the checkpoint loads alone
+        data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         record_class_paths(checkpoint, self, None)
+        # each task's plain model and preprocessing: vitdense.load, serve and export build from them
+        record_tasks(checkpoint, dict(self.tasks.items()), getattr(data, "tasks", None) or {})
 
     def configure_callbacks(self) -> list[L.Callback]:
         """Skipped-sample counts and the resume RNG state, as every task's (one set: the
@@ -468,8 +483,8 @@ def combine(checkpoints: Mapping[str, str | Path], output: str | Path, **setting
         "global_step": 0,
         "state_dict": model.state_dict(),
         "hyper_parameters": hparams,
-        # each task's recorded preprocessing and labels, by name (what its DataModule decided)
-        "vitdense_inference_tasks": {name: c.inference for name, c in found.items() if c.inference is not None},
+        # each task's plain model and recorded preprocessing, by name, as its own checkpoint has them
+        TASKS_KEY: plain_data({name: {"model": c.model_record, "inference": c.inference} for name, c in found.items()}),
         "vitdense_combined_from": {name: str(path) for name, path in checkpoints.items()},
     }
     output = Path(output)
