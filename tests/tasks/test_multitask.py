@@ -4,26 +4,38 @@ What is checked against the single tasks (not against itself): the training loss
 weighted sum of each task's own loss on its own batch, and each task's validation figures
 equal that task validated alone with the same weights."""
 
+import base64
+import io
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import yaml
+from PIL import Image
 
+import vitdense
 from vitdense.cli import main
 from vitdense.core.errors import ConfigError
 from vitdense.data import LoaderConfig, SyntheticDepthDataModule, SyntheticSegmentationDataModule
 from vitdense.data.multitask import MultiTaskDataModule
 from vitdense.data.transforms.common import normalization
-from vitdense.deploy.checkpoint import load_task
-from vitdense.heads import DPTHead, LinearDecoder
-from vitdense.tasks import BackboneConfig, DepthTask, SegmentationTask
+from vitdense.deploy.checkpoint import Checkpoint, load_model, load_task
+from vitdense.deploy.export import export_checkpoint, exportable, run_exported
+from vitdense.deploy.multitask import MultiTaskPredictor
+from vitdense.deploy.multitask import normalization as normalization_of
+from vitdense.deploy.serve import PredictorAPI
+from vitdense.heads import DETRHead, DPTHead, LinearDecoder
+from vitdense.models import MultiTaskModel
+from vitdense.tasks import BackboneConfig, DepthTask, DetectionTask, SegmentationTask
 from vitdense.tasks.multitask import MultiTask
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4})
 DPT = partial(DPTHead, features=16, out_channels=(8, 8, 16, 16))
+DETR_TINY = {"hidden_dim": 32, "num_heads": 2, "dim_feedforward": 64, "num_queries": 5, "dec_layers": 1}
 
 
 def tasks(backbone: BackboneConfig = TINY) -> dict:
@@ -76,6 +88,77 @@ def test_one_encoder_is_shared_and_stored_once():
     model.eval(), again.eval()
     for name, out in model(images).items():
         torch.testing.assert_close(again(images)[name], out, rtol=0, atol=0)
+
+
+HYBRID = BackboneConfig(name="vit_tiny_r_s16_p8_224", img_size=32, model_args={"depth": 4, "patch_size": 2})
+
+
+def three_tasks(backbone: BackboneConfig = HYBRID) -> MultiTask:
+    """Detection (DETR), segmentation (Segmenter's linear decoder) and depth (DPT: four raw
+    blocks) on one hybrid encoder: the heads ask the encoder for different things."""
+    torch.manual_seed(0)
+    det = DetectionTask(num_classes=3, head=partial(DETRHead, **DETR_TINY), backbone=backbone)
+    seg = SegmentationTask(num_classes=4, head=LinearDecoder, backbone=backbone)
+    depth = DepthTask(head=DPT, backbone=backbone, max_depth=10.0)
+    return MultiTask({"det": det, "seg": seg, "depth": depth}).eval()
+
+
+def as_tensors(output) -> list[torch.Tensor]:
+    return [output] if torch.is_tensor(output) else [x for x in output if torch.is_tensor(x)]
+
+
+def test_one_encoder_pass_answers_every_head_as_it_runs_alone():
+    """Inside the multi-task forward the encoder runs once, with the union of what the heads
+    read, and every head's output is the one its task gives alone, to the bit (fp32)."""
+    model = three_tasks()
+    images = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        alone = {name: task(images) for name, task in model.tasks.items()}
+        with model.backbone.one_pass() as shared:
+            joint = model(images)
+        assert (shared.encoded, shared.answered) == (1, 2)
+        for name, out in alone.items():
+            for a, b in zip(as_tensors(out), as_tensors(joint[name]), strict=True):
+                torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+        plain = MultiTaskModel({name: task.model for name, task in model.tasks.items()})
+        assert plain.export_names == ("det.boxes", "det.scores", "det.labels", "seg.logits", "depth.depth")
+        with plain.backbone.one_pass() as shared:
+            exported = plain.export_outputs(images)
+        assert shared.encoded == 1
+        singles = [out for task in model.tasks.values() for out in task.model.export_outputs(images)]
+        for a, b in zip(singles, exported, strict=True):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+        # other images, or a block nobody declared: a new pass (never an answer it did not compute)
+        with model.backbone.one_pass() as shared:
+            model(images)
+            model.backbone(images.clone())  # equal values: answered
+            model.backbone(images + 1)
+            model.backbone(images, intermediates=(0,), norm_intermediates=True)  # declared by DPT: answered
+        assert (shared.encoded, shared.answered) == (2, 4)
+
+
+def test_tasks_on_the_same_images_train_from_one_pass():
+    """A training step whose tasks hold the same images (one dataset, several kinds of
+    labels) encodes them once; the encoder's gradient is the sum of the tasks' gradients
+    through separate passes."""
+    model = three_tasks().train()
+    images = torch.randn(2, 3, 32, 32)
+
+    def loss(output) -> torch.Tensor:
+        return sum(x.float().square().mean() for x in as_tensors(output) if x.is_floating_point())
+
+    def grads(shared: bool) -> list[torch.Tensor]:
+        model.zero_grad()
+        torch.manual_seed(1)
+        with model.backbone.one_pass(model.encoder_request) if shared else nullcontext() as passes:
+            total = sum(loss(task(images)) for task in model.tasks.values())
+        total.backward()
+        if shared:
+            assert passes.encoded == 1
+        return [p.grad.clone() for p in model.backbone.parameters() if p.grad is not None]
+
+    for a, b in zip(grads(False), grads(True), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
 def test_fit_logs_each_task_and_equals_the_tasks_alone(tmp_path):
@@ -240,6 +323,43 @@ def test_heads_trained_apart_on_a_frozen_encoder_combine(tmp_path, capsys):
     outputs = joint(images)
     for name, path in written.items():
         torch.testing.assert_close(outputs[name], load_task(path)(images), rtol=0, atol=0)
+
+    # used as a model: every task's result from one encoder pass, each its single checkpoint's
+    predictor = vitdense.load(tmp_path / "joint.ckpt")
+    image = np.random.default_rng(0).integers(0, 256, (32, 40, 3), dtype=np.uint8)
+    results = predictor(image)
+    for name, path in written.items():
+        assert results[name].to_dict() == vitdense.load(path)(image).to_dict(), name
+    # (Segmenter slides 32 x 32 windows over a 32 x 40 image, DPT reads it whole: two passes)
+    assert list(results) == ["seg", "depth"] and predictor.last_passes == 2
+    assert predictor(image[:, :32]) and predictor.last_passes == 1  # one window: one batch for both
+    alike = MultiTaskPredictor.from_checkpoint(tmp_path / "joint.ckpt", preprocess_as="seg")
+    assert alike.predictors["depth"].data.preprocess == alike.predictors["seg"].data.preprocess
+    assert list(alike(image[:, :32], tasks=["depth", "seg"])) == ["depth", "seg"] and alike.last_passes == 1
+
+    # the server's API: every task, or those a request names; a bad name is that request's 400
+    api = PredictorAPI(tmp_path / "joint.ckpt", max_batch_size=4)
+    api.setup("cpu")
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    sent = {"image": base64.b64encode(buffer.getvalue()).decode()}
+    asked = [api.decode_request(sent), api.decode_request({**sent, "tasks": ["depth"]})]
+    asked.append(api.decode_request({**sent, "tasks": "seg, nope"}))
+    answers = [api.encode_response(answer) for answer in api.predict(asked)]
+    batched = predictor([image, image])  # (the server's batch: its two good requests)
+    assert answers[:2] == [{n: r.to_dict() for n, r in batched[0].items()}, {"depth": batched[1]["depth"].to_dict()}]
+    assert answers[2].status_code == 400 and b"names ['nope']" in answers[2].body
+
+    # one graph, every task's outputs by name, the encoder once: = eager at another size and batch
+    path, _, names = export_checkpoint(tmp_path / "joint.ckpt", "pt2", tmp_path / "joint.pt2", 48, 48)
+    assert names == ["seg.logits", "depth.depth"]
+    pixels = torch.rand(3, 3, 64, 80) * 255
+    model = load_model(tmp_path / "joint.ckpt")
+    with torch.no_grad(), model.backbone.one_pass() as shared:
+        eager = exportable(model, *normalization_of(Checkpoint(tmp_path / "joint.ckpt")))(pixels)
+    assert shared.encoded == 1
+    for got, want in zip(run_exported(path, "pt2", pixels), eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
     moved = tasks()["depth"]  # trained encoder: other weights
     torch.nn.init.normal_(moved.backbone.blocks[0].mlp.fc1.weight)

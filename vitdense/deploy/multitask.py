@@ -18,6 +18,7 @@ task's single checkpoint gives.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -159,11 +160,19 @@ class MultiTaskPredictor:
         device: str | torch.device = "cpu",
         batch_size: int | None = None,
         precision: str = "32-true",
+        preprocess_as: str | None = None,
     ) -> MultiTaskPredictor:
-        """Every task of a multi-task checkpoint, with its recorded preprocessing."""
+        """Every task of a multi-task checkpoint, with its recorded preprocessing, or with
+        task `preprocess_as`'s for all (resize and normalisation; each task keeps its labels):
+        then every task reads the same batch and the encoder runs once per batch, where
+        tasks whose data resized otherwise would each run it on their own input."""
         found = path if isinstance(path, Checkpoint) else Checkpoint(path)
         tasks = restore_tasks(found)
         data = tasks_inference(found)
+        if preprocess_as is not None:
+            if preprocess_as not in data:
+                raise ConfigError(f"preprocess_as={preprocess_as!r}: choose among {list(data)}")
+            data = {name: replace(d, preprocess=data[preprocess_as].preprocess) for name, d in data.items()}
         batch_size = batch_size or first_batch_size(found)
         return cls(
             {

@@ -3,7 +3,9 @@ behind HTTP, with LitServe (Lightning's model server; `pip install vitdense[serv
 
     POST /predict   an image, as multipart/form-data (field `image`, a file) or as JSON
                     {"image": "<base64 of the file's bytes>"}; answers the predictor's result
-                    as JSON (`vitdense.results`: `to_dict()`)
+                    as JSON (`vitdense.results`: `to_dict()`). A multi-task checkpoint's
+                    answer is {name: that task's result}, for every task or those the
+                    optional field `tasks` names (JSON ["det", "seg"], a form's "det,seg")
     GET  /health    "ok" once the model is loaded
     GET  /info      the task, its classes and the server's limits
 
@@ -43,7 +45,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import litserve as ls
 import numpy as np
@@ -285,6 +287,25 @@ def decode_request_image(request: Any, max_pixels: int) -> np.ndarray | Rejected
         return Rejected(400, f"the 'image' field is {err}")
 
 
+def requested_tasks(request: Any, names: list[str] | None) -> tuple[str, ...] | None | Rejected:
+    """The tasks a request names in its optional `tasks` field (a JSON list, or names joined
+    by commas in a form field), checked against a multi-task checkpoint's `names`: None for
+    every task. A single-task server (`names` None) refuses the field rather than ignore it."""
+    asked = request.get("tasks") if hasattr(request, "get") else None
+    if asked is None:
+        return None
+    if isinstance(asked, str):
+        asked = [name.strip() for name in asked.split(",") if name.strip()]
+    if names is None:
+        return Rejected(400, "the 'tasks' field is for a multi-task checkpoint; this server's has one task")
+    if not isinstance(asked, list) or not asked or not all(isinstance(n, str) for n in asked):
+        return Rejected(400, f"the 'tasks' field is not a list of task names: choose among {names}")
+    unknown = [name for name in asked if name not in names]
+    if unknown:
+        return Rejected(400, f"the 'tasks' field names {unknown}, which this checkpoint has not: choose among {names}")
+    return tuple(asked)
+
+
 class PredictorAPI(ls.LitAPI):
     """A checkpoint's predictor as a LitServe API: each worker loads it on its device;
     requests are decoded in the worker and the good ones of a batch predicted as one padded
@@ -315,19 +336,25 @@ class PredictorAPI(ls.LitAPI):
         self.slicing = slicing
 
     def setup(self, device: str) -> None:
-        from vitdense.deploy.predictor import Predictor
+        from vitdense.deploy.predictor import load
 
-        self.predictor = Predictor.from_checkpoint(
+        self.predictor = load(
             self.ckpt_path,
             device=device,
             batch_size=self.max_batch_size,
             precision=self.precision,
             slicing=self.slicing,
         )
+        #: a multi-task checkpoint's task names (a request may name some), else None
+        self.task_names: list[str] | None = getattr(self.predictor, "names", None)
 
-    def decode_request(self, request) -> np.ndarray | Rejected:  # noqa: ANN001
+    def decode_request(self, request) -> Asked | Rejected:  # noqa: ANN001
         # (unannotated: LitServe then hands over the parsed JSON object or multipart form)
-        return decode_request_image(request, self.max_pixels)
+        tasks = requested_tasks(request, self.task_names)
+        if isinstance(tasks, Rejected):
+            return tasks
+        pixels = decode_request_image(request, self.max_pixels)
+        return pixels if isinstance(pixels, Rejected) else Asked(pixels, tasks)
 
     def authorize(self) -> None:
         """LitServe's hook for its own authentication, here a no-op: `RequestGuard` checks the
@@ -339,10 +366,17 @@ class PredictorAPI(ls.LitAPI):
         return inputs
 
     def predict(self, inputs: Any) -> Any:
-        images = inputs if isinstance(inputs, list) else [inputs]  # (a list when batching)
-        good = [x for x in images if not isinstance(x, Rejected)]
-        results = iter(self.predictor(good) if good else [])
-        out = [x if isinstance(x, Rejected) else next(results) for x in images]
+        asked = inputs if isinstance(inputs, list) else [inputs]  # (a list when batching)
+        good = [x for x in asked if not isinstance(x, Rejected)]
+        if not good:
+            results = iter([])
+        elif self.task_names is None:
+            results = iter(self.predictor([x.pixels for x in good]))
+        else:  # the tasks any request of the batch names, each answer then cut to its own
+            names = [n for n in self.task_names if any(x.tasks is None or n in x.tasks for x in good)]
+            every = self.predictor([x.pixels for x in good], tasks=names)
+            results = iter({n: r[n] for n in (x.tasks or self.task_names)} for x, r in zip(good, every, strict=True))
+        out = [x if isinstance(x, Rejected) else next(results) for x in asked]
         return out if isinstance(inputs, list) else out[0]
 
     def unbatch(self, output: list) -> list:
@@ -351,7 +385,16 @@ class PredictorAPI(ls.LitAPI):
     def encode_response(self, output: Any) -> Any:
         if isinstance(output, Rejected):  # a response, not an exception: its batch's others are answered
             return JSONResponse({"detail": str(output)}, status_code=output.status)
+        if isinstance(output, dict):  # a multi-task checkpoint's: {name: that task's result}
+            return {name: result.to_dict() for name, result in output.items()}
         return output.to_dict()
+
+
+class Asked(NamedTuple):
+    """A decoded request: its image ([H, W, 3] uint8) and the tasks it names (None: all)."""
+
+    pixels: np.ndarray
+    tasks: tuple[str, ...] | None = None
 
 
 #: the addresses LitServe's `run` binds itself (it refuses any other); vitdense binds the rest
@@ -534,7 +577,12 @@ def main(argv: list[str] | None = None) -> None:
     from vitdense.deploy.predictor import inference_data
 
     found = Checkpoint(args.ckpt_path)  # a bad path or file: one line now, not in a worker later
-    inference_data(found)
+    if found.is_multitask:
+        from vitdense.deploy.multitask import tasks_inference
+
+        tasks_inference(found)
+    else:
+        inference_data(found)
     if slicing is not None:  # a task without objects: refused before the server starts
         check_checkpoint_sliceable(found)
         if found.result_type() is None:  # (not recorded and the task's settings decide: ask the task)
@@ -551,6 +599,8 @@ def main(argv: list[str] | None = None) -> None:
     metadata = {
         "task": found.task_class,
         "classes": found.task.get("class_names") or found.task.get("num_classes"),
+        # a multi-task checkpoint's tasks and each one's classes (a request may name some in 'tasks')
+        "tasks": task_classes(found) if found.is_multitask else None,
         "max_bytes": args.max_bytes,
         "max_pixels": args.max_pixels,
         "max_batch_size": args.max_batch_size,
@@ -577,6 +627,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("litserve.server").addFilter(_WithoutLitServesDocsLine())
     _logger.info(f"Swagger UI is available at {base_url(str(address), args.port)}/docs")
     server.run(host="127.0.0.1", port=args.port, fd=sock.fileno(), generate_client_file=False)
+
+
+def task_classes(found: Any) -> dict[str, Any]:
+    """{name: that task's class names (or count)} of a multi-task checkpoint."""
+    specs = found.task.get("tasks") or {}
+    return {
+        name: (spec.get("init_args") or {}).get("class_names") or (spec.get("init_args") or {}).get("num_classes")
+        for name, spec in specs.items()
+    }
 
 
 def _log_to_stderr() -> None:
