@@ -6,6 +6,7 @@ equal that task validated alone with the same weights."""
 
 import base64
 import io
+import json
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ from vitdense.deploy.serve import PredictorAPI
 from vitdense.heads import DETRHead, DPTHead, LinearDecoder
 from vitdense.models import MultiTaskModel
 from vitdense.tasks import BackboneConfig, DepthTask, DetectionTask, SegmentationTask
-from vitdense.tasks.multitask import MultiTask
+from vitdense.tasks.multitask import MultiTask, check_data
 
 TINY = BackboneConfig(name="vit_tiny_patch16_224", img_size=32, model_args={"depth": 4})
 DPT = partial(DPTHead, features=16, out_channels=(8, 8, 16, 16))
@@ -232,6 +233,9 @@ def test_bad_configurations_are_one_line(tmp_path):
         MultiTask({"my task": tasks()["seg"]})
     with pytest.raises(ConfigError, match=r"tasks without data: \['depth'\]"):
         MultiTaskDataModule({"seg": data(tmp_path)["seg"]}).check_tasks(["seg", "depth"])
+    larger = SyntheticSegmentationDataModule(img_size=48, train_size=8, val_size=4)
+    with pytest.raises(ConfigError, match=r"tasks.seg.init_args.img_size=48, but the shared encoder's .* is 32"):
+        check_data("seg", tasks()["seg"], larger)
 
 
 DEMO = Path(__file__).parents[2] / "configs" / "demo_multitask.yaml"
@@ -278,6 +282,28 @@ def test_the_command_line_fits_a_multitask_config(tmp_path, capsys):
         assert key in cli.trainer.callback_metrics, key
     # the first task's encoder name reached every task's data: its pretraining mean and std
     assert data.tasks["depth"].mean == pytest.approx(normalization("vit_tiny_r_s16_p8_224")[0])
+
+    # predict on a folder: each task's files and table under its name, as vitdense.load answers
+    ckpt = next((tmp_path / "run").rglob("*.ckpt"))
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i, size in enumerate([(32, 32), (40, 52)]):
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(folder / f"photo{i}.png")
+    out = tmp_path / "predicted"
+    predict = ["predict", "--config", demo_yaml(tmp_path), "--ckpt_path", str(ckpt), "--trainer.precision=32-true"]
+    main([*predict, f"--data.init_args.predict_dir={folder}", f"--trainer.default_root_dir={out}"])
+    results = vitdense.load(ckpt)(folder)
+    rows = json.loads((out / "predictions" / "det" / "detections.json").read_text())
+    expected = [row for result in results for row in result["det"].rows()]
+    assert len(rows) == len(expected) > 0
+    for got, want in zip(rows, expected, strict=True):
+        assert got["category_id"] == want["category_id"] and got["score"] == pytest.approx(want["score"])
+        assert got["bbox"] == pytest.approx(want["bbox"], abs=1e-3)
+    for i, result in enumerate(results):
+        written = np.array(Image.open(out / "predictions" / "seg" / "masks" / f"photo{i}.png"))
+        np.testing.assert_array_equal(written, result["seg"].label_map)
+        assert (out / "predictions" / "depth" / "depth" / f"photo{i}.png").is_file()
     with pytest.raises(SystemExit):
         main(["fit", "--config", demo_yaml(tmp_path, seg_classes=5)])
     err = capsys.readouterr().err.strip().splitlines()[-1]

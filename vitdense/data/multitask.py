@@ -10,8 +10,8 @@ augmentation respected (each DataModule collates its own batches):
     max_size        an epoch ends with the longest; exhausted tasks are left out of the
                     step (their entry is None)
 
-Validation and test run each task's loader in turn (Lightning's `dataloader_idx`, in the
-order of `tasks`), each with its own evaluation.
+Validation, test and prediction run each task's loader in turn (Lightning's
+`dataloader_idx`, in the order of `tasks`), each with its own evaluation or writer.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class MultiTaskDataModule(L.LightningDataModule):
         backbone: the encoder's timm name, whose pretraining mean and std normalise every
             task's images where its DataModule sets none (linked from the model's first task
             on the command line, as a single task's data is).
+        predict_dir: a folder of images every task predicts (`python -m vitdense predict
+            --data.init_args.predict_dir DIR`): each task's files and table go under
+            `predictions/<name>/`.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class MultiTaskDataModule(L.LightningDataModule):
         tasks: dict[str, L.LightningDataModule],
         train_mode: TrainMode = "max_size_cycle",
         backbone: str | None = None,
+        predict_dir: str | None = None,
     ) -> None:
         super().__init__()
         if not tasks:
@@ -53,6 +57,14 @@ class MultiTaskDataModule(L.LightningDataModule):
             raise ConfigError(f"data.init_args.train_mode={train_mode!r}: choose max_size_cycle, min_size or max_size")
         self.tasks = dict(tasks)
         self.train_mode = train_mode
+        if predict_dir is not None:  # every task predicts the folder's images (each its own preprocessing)
+            for name, data in self.tasks.items():
+                if not hasattr(data, "predict_dir"):
+                    raise ConfigError(
+                        f"data.init_args.predict_dir: data.init_args.tasks.{name} ({type(data).__name__}) "
+                        "predicts no folder of images"
+                    )
+                data.predict_dir = predict_dir
         if backbone is not None:  # (the command line links the first task's encoder name)
             for data in self.tasks.values():
                 if hasattr(data, "mean") and data.hparams.get("mean") is None and data.hparams.get("std") is None:
@@ -102,6 +114,9 @@ class MultiTaskDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> CombinedLoader:
         return CombinedLoader({name: data.test_dataloader() for name, data in self.tasks.items()}, "sequential")
+
+    def predict_dataloader(self) -> CombinedLoader:
+        return CombinedLoader({name: data.predict_dataloader() for name, data in self.tasks.items()}, "sequential")
 
     def take_skipped(self, stage: str) -> int:
         """Bad samples skipped by every task's loaders in `stage` since the last call."""

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable, instantiate_module
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
@@ -184,7 +185,7 @@ class MultiTask(L.LightningModule):
                 )
             data.check_tasks(self.names)
             for name, task in self.tasks.items():
-                check_classes(name, task, data.tasks[name])
+                check_data(name, task, data.tasks[name])
         with self._attached():
             for task in self.tasks.values():
                 task.setup(stage)  # hub weights (the shared encoder's, once per task asking), the data's facts
@@ -285,12 +286,24 @@ class MultiTask(L.LightningModule):
         # each task's plain model and preprocessing: vitdense.load, serve and export build from them
         record_tasks(checkpoint, dict(self.tasks.items()), getattr(data, "tasks", None) or {})
 
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        with self._attached():  # the task whose loader this is predicts its batch
+            return self.tasks[self.names[dataloader_idx]].predict_step(batch, batch_idx)
+
     def configure_callbacks(self) -> list[L.Callback]:
-        """Skipped-sample counts and the resume RNG state, as every task's (one set: the
-        tasks' own prediction writers belong to predicting, which is per task)."""
+        """Skipped-sample counts and the resume RNG state, as every task's; `predict`
+        without a writer of the user's writes each task's own files and table under
+        `<default_root_dir>/predictions/<name>/` (`TaskWriters`)."""
         if self._trainer is None:
             return []
-        return task_callbacks(self._trainer, None)
+        callbacks = task_callbacks(self._trainer, lambda _: None)  # (the tasks' writers: below)
+        trainer = self._trainer
+        if trainer.predicting and not any(isinstance(c, BasePredictionWriter) for c in trainer.callbacks):
+            output_dir = Path(trainer.default_root_dir) / "predictions"
+            writers = {name: task.prediction_writer(output_dir / name) for name, task in self.tasks.items()}
+            rank_zero_info(f"predictions go to {output_dir}/<task>/ (add a writer callback to choose)")
+            callbacks.append(TaskWriters(writers))
+        return callbacks
 
     # ------------------------------------------------------------------- optimisation
     def param_groups(self) -> list[dict]:
@@ -331,6 +344,49 @@ class MultiTask(L.LightningModule):
             for name, task in self.tasks.items():
                 if batch.get(name) is not None:
                     task.on_train_batch_end(outputs, batch[name], batch_idx)
+
+
+class TaskWriters(BasePredictionWriter):
+    """Each task's own prediction writer (`prediction_writer`, e.g. `ResultWriter`), given
+    that task's batches (its loader's `dataloader_idx`), the task itself, and the trainer as
+    the task sees it (its DataModule, its predict loader)."""
+
+    def __init__(self, writers: Mapping[str, BasePredictionWriter | None]) -> None:
+        super().__init__(write_interval="batch")
+        self.writers = dict(writers)
+
+    def _views(self, trainer: L.Trainer, model: MultiTask) -> Iterator[tuple[str, Any, Any, BasePredictionWriter]]:
+        data = getattr(trainer, "datamodule", None)
+        loaders = trainer.predict_dataloaders
+        for name, writer in self.writers.items():
+            if writer is None:
+                continue
+            view = TaskTrainer(trainer, getattr(data, "tasks", {}).get(name))
+            view.predict_dataloaders = loaders[name] if isinstance(loaders, Mapping) else loaders
+            yield name, view, model.tasks[name], writer
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: MultiTask) -> None:
+        for _, view, task, writer in self._views(trainer, pl_module):
+            writer.on_predict_start(view, task)
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: MultiTask,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        name = pl_module.names[dataloader_idx]
+        for other, view, task, writer in self._views(trainer, pl_module):
+            if other == name:
+                writer.write_on_batch_end(view, task, prediction, batch_indices, batch, batch_idx, 0)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: MultiTask) -> None:
+        for _, view, task, writer in self._views(trainer, pl_module):
+            writer.on_predict_end(view, task)
 
 
 def named(key: str, name: str) -> str:
@@ -381,10 +437,17 @@ def check_names(tasks: Mapping[str, Any]) -> None:
             )
 
 
-def check_classes(name: str, task: BaseTask, data: Any) -> None:
-    """A task's classes are its DataModule's (a single task's are linked from its data by the
-    command line; here each task names them): the count must agree, and the data's names
-    replace default ones ("0", "1", ...)."""
+def check_data(name: str, task: BaseTask, data: Any) -> None:
+    """What a single task's command line links from its data, checked here, where each task
+    names it: the image size the data crops or resizes to is the encoder's `img_size` (a
+    Segmenter's windows, the position table's native grid), the class count agrees, and the
+    data's class names replace default ones ("0", "1", ...)."""
+    size, encoder = getattr(data, "img_size", None), getattr(task.backbone_config, "img_size", None)
+    if isinstance(size, int) and isinstance(encoder, int) and size != encoder:
+        raise ConfigError(
+            f"data.init_args.tasks.{name}.init_args.img_size={size}, but the shared encoder's backbone.img_size is "
+            f"{encoder}: a task's data and its encoder have one size (a single task links them); give them one"
+        )
     count = getattr(data, "num_classes", None)
     if count is None or getattr(task, "num_classes", None) is None:
         return
