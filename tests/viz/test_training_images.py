@@ -11,9 +11,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from vitdense.core.draw import GREEN, RED, blend, default_palette
 from vitdense.data import LoaderConfig, SyntheticClassificationDataModule, SyntheticSegmentationDataModule
+from vitdense.data.multitask import MultiTaskDataModule
 from vitdense.data.synthetic.detection import SyntheticDetectionDataModule
 from vitdense.heads import DETRHead
-from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, SegmentationTask
+from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, MultiTask, SegmentationTask
 from vitdense.tasks.pictures import draw_classified, draw_detected, draw_segmented
 from vitdense.trainer import Trainer
 from vitdense.viz.callbacks import ImagesPerSecond, ValidationImages
@@ -113,6 +114,17 @@ def test_any_other_logger_gets_png_files_and_a_users_callback_wins(tmp_path):
     files = sorted(p.name for p in (tmp_path / "csv" / "version_0" / "images").iterdir())
     assert files == [f"val_seg_{i}_step{trainer.global_step:07d}.png" for i in range(3)]
     assert sum(isinstance(c, ValidationImages) for c in trainer.callbacks) == 1
+
+
+def test_a_multitask_model_logs_each_tasks_pictures_under_its_name(tmp_path):
+    seg, seg_data = segmentation()
+    det, det_data = detection(tmp_path)
+    model = MultiTask({"seg": seg, "det": det})
+    data = MultiTaskDataModule({"seg": seg_data, "det": det_data})
+    trainer = fit(model, data, CSVLogger(tmp_path, name="csv"), callbacks=[ValidationImages(num_images=2)])
+    files = sorted(p.name for p in (tmp_path / "csv" / "version_0" / "images").iterdir())
+    step = f"step{trainer.global_step:07d}"
+    assert files == sorted(f"val_{name}_images_{i}_{step}.png" for name in ("seg", "det") for i in range(2))
 
 
 def test_no_pictures_when_turned_off_or_without_a_logger(tmp_path):

@@ -10,6 +10,7 @@ the pictures off).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.core.draw import denormalize
 from vitdense.core.preprocess import LabelInfo
+from vitdense.tasks.multitask import MultiTask, TaskTrainer, named
 
 
 def log_images(trainer: L.Trainer, tag: str, images: list[np.ndarray], step: int) -> list[Path]:
@@ -73,7 +75,7 @@ class ValidationImages(L.Callback):
         self.num_images = num_images
         self.every_n_epochs = every_n_epochs
         self.tag = tag
-        self._batch: Any = None
+        self._batches: dict[str | None, Any] = {}
         self._validations = 0
 
     def select(self, dataset: Any) -> list[int]:
@@ -81,15 +83,16 @@ class ValidationImages(L.Callback):
         count = min(self.num_images, len(dataset))
         return sorted({int(i) for i in np.linspace(0, len(dataset) - 1, count).round()}) if count else []
 
-    def batch(self, trainer: L.Trainer) -> Any:
-        """The chosen samples collated as the validation loader collates them (built once)."""
-        if self._batch is None:
+    def batch(self, trainer: L.Trainer, key: str | None = None) -> Any:
+        """The chosen samples collated as the validation loader collates them (built once;
+        `key`: a multi-task model's task, whose loader it is)."""
+        if key not in self._batches:
             loader = trainer.val_dataloaders
             loader = loader[0] if isinstance(loader, list | tuple) else loader
             samples = [loader.dataset[i] for i in self.select(loader.dataset)]
             samples = [s for s in samples if s is not None]  # unreadable ones, skipped under on_bad_sample=skip
-            self._batch = loader.collate_fn(samples) if samples else None
-        return self._batch
+            self._batches[key] = loader.collate_fn(samples) if samples else None
+        return self._batches[key]
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not self.num_images:
@@ -99,24 +102,35 @@ class ValidationImages(L.Callback):
             return
         if not any(not isinstance(logger, DummyLogger) for logger in trainer.loggers):
             return
-        draw = getattr(pl_module, "draw_batch", None)
+        if isinstance(pl_module, MultiTask):  # each task draws its own images, logged under its name
+            loaders = trainer.val_dataloaders
+            for name, task in pl_module.tasks.items():
+                view = TaskTrainer(trainer, trainer.datamodule.tasks[name])
+                view.val_dataloaders = loaders[name] if isinstance(loaders, Mapping) else loaders
+                self.draw(view, task, pl_module.device, named(self.tag, name), name)
+            return
+        self.draw(trainer, pl_module, pl_module.device, self.tag)
+
+    def draw(self, trainer: Any, task: Any, device: torch.device, tag: str, key: str | None = None) -> None:
+        """Log `task`'s pictures of its chosen validation images under `tag`."""
+        draw = getattr(task, "draw_batch", None)
         if draw is None:
-            rank_zero_warn(f"ValidationImages: {type(pl_module).__name__} has no draw_batch; nothing to log")
+            rank_zero_warn(f"ValidationImages: {type(task).__name__} has no draw_batch; nothing to log")
             self.num_images = 0
             return
-        batch = self.batch(trainer)
+        batch = self.batch(trainer, key)
         if batch is None:
             return
-        batch = move_data_to_device(batch, pl_module.device)
+        batch = move_data_to_device(batch, device)
         datamodule = trainer.datamodule
-        cfg = getattr(getattr(pl_module, "backbone", None), "pretrained_cfg", None) or {}
+        cfg = getattr(getattr(task, "backbone", None), "pretrained_cfg", None) or {}
         mean = getattr(datamodule, "mean", None) or cfg.get("mean", IMAGENET_DEFAULT_MEAN)
         std = getattr(datamodule, "std", None) or cfg.get("std", IMAGENET_DEFAULT_STD)
         pixels = denormalize(batch.image, batch.image_sizes.sizes, mean, std)
-        palette = LabelInfo.of(datamodule).colours(pl_module.num_classes)
+        palette = LabelInfo.of(datamodule).colours(task.num_classes)
         with torch.no_grad(), trainer.precision_plugin.val_step_context():
             images = draw(batch, pixels, palette)
-        log_images(trainer, self.tag, images, trainer.global_step)
+        log_images(trainer, tag, images, trainer.global_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"validations": self._validations}
