@@ -1,5 +1,5 @@
 """Generated datasets for every family, one module each (`classification`, `segmentation`,
-`detection`, `universal`, `depth`): the demos' and the tests' data, written in the real
+`detection`, `universal`, `depth`, `multitask`: co-annotated scenes): the demos' and the tests' data, written in the real
 on-disk layouts where a family reads files (COCO JSON, COCO panoptic PNGs, depth PNGs)."""
 
 from __future__ import annotations

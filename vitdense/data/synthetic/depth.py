@@ -31,6 +31,17 @@ NEAR, FAR = 0.5, 9.5
 def render_scene(height: int, width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
     """One room: ([height, width, 3] uint8 image, [height, width] float32 depth in metres,
     focal length in pixels)."""
+    image, depth, focal, _, _ = render_surfaces(height, width, rng)
+    return image, depth, focal
+
+
+def render_surfaces(
+    height: int, width: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, float, np.ndarray, list[str]]:
+    """`render_scene`'s room and what each pixel shows: (image, depth, focal, surface
+    [height, width] int64: 0 the wall, 1 the floor, 2 + k the k-th object, kinds: each
+    object's "box" or "sphere")."""
+    kinds: list[str] = []
     focal = 0.75 * width  # (NYU: 519 / 640 = 0.81)
     cx, horizon = (width - 1) / 2, rng.uniform(0.15, 0.4) * height
     camera_height = rng.uniform(1.2, 2.2)
@@ -49,7 +60,8 @@ def render_scene(height: int, width: int, rng: np.random.Generator) -> tuple[np.
         z = rng.uniform(1.2, wall - 0.5)
         x = rng.uniform(-0.5, 0.5) * width / focal * z  # within the view at its distance
         colours[k + 2] = rng.uniform(0.15, 1.0, 3)
-        if rng.random() < 0.5:  # a box: its front face at depth z, on the floor
+        kinds.append("box" if rng.random() < 0.5 else "sphere")
+        if kinds[-1] == "box":  # its front face at depth z, on the floor
             half, tall = rng.uniform(0.15, 0.5), rng.uniform(0.3, 1.6)
             px, py = rx * z, ry * z
             hit = (np.abs(px - x) <= half) & (py >= -camera_height) & (py <= -camera_height + tall)
@@ -82,7 +94,7 @@ def render_scene(height: int, width: int, rng: np.random.Generator) -> tuple[np.
     haze = np.exp(-0.06 * depth)[..., None]  # far is dimmer and greyer
     image = image * haze + 0.5 * (1 - haze)
     image = np.clip(image + rng.normal(0, 0.02, image.shape), 0, 1)
-    return np.round(image * 255).astype(np.uint8), depth.astype(np.float32), focal
+    return np.round(image * 255).astype(np.uint8), depth.astype(np.float32), focal, surface, kinds
 
 
 def write_synthetic_depth(
