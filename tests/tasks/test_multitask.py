@@ -19,6 +19,7 @@ import yaml
 from PIL import Image
 
 import vitdense
+from vitdense.backbone import VisionTransformer
 from vitdense.cli import main
 from vitdense.core.errors import ConfigError
 from vitdense.data import LoaderConfig, SyntheticDepthDataModule, SyntheticSegmentationDataModule
@@ -242,8 +243,9 @@ DEMO = Path(__file__).parents[2] / "configs" / "demo_multitask.yaml"
 
 
 def demo_yaml(tmp_path, seg_classes: int = 4) -> str:
-    """configs/demo_multitask.yaml (detection, segmentation and depth on one encoder) on tiny
-    sets for two steps: test_configs.py runs every other recipe; this one runs here."""
+    """configs/demo_multitask.yaml (detection, segmentation and depth on one encoder, from
+    co-annotated scenes) on tiny sets for two steps: test_configs.py runs every other recipe;
+    this one runs here."""
     config = yaml.safe_load(DEMO.read_text())
     config["trainer"] |= {
         "max_steps": 2,
@@ -255,15 +257,12 @@ def demo_yaml(tmp_path, seg_classes: int = 4) -> str:
         "default_root_dir": str(tmp_path / "run"),
         "callbacks": [],
     }
-    for name, data in config["data"]["init_args"]["tasks"].items():
-        data["init_args"] |= {
-            "img_size": 32,
-            "train_size": 4,
-            "val_size": 2,
-            "loader": {"batch_size": 2, "num_workers": 0},
-        }
-        if "root" in data["init_args"]:
-            data["init_args"]["root"] = str(tmp_path / name)
+    config["data"]["init_args"] |= {
+        "img_size": 32,
+        "train_size": 4,
+        "val_size": 2,
+        "loader": {"batch_size": 2, "num_workers": 0},
+    }
     for task in config["model"]["init_args"]["tasks"].values():
         task["init_args"]["backbone"] = {**task["init_args"]["backbone"], "img_size": 32}
     config["model"]["init_args"]["tasks"]["seg"]["init_args"]["num_classes"] = seg_classes
@@ -272,8 +271,19 @@ def demo_yaml(tmp_path, seg_classes: int = 4) -> str:
     return str(path)
 
 
-def test_the_command_line_fits_a_multitask_config(tmp_path, capsys):
+def test_the_command_line_fits_a_multitask_config(tmp_path, capsys, monkeypatch):
+    """The demo: three tasks on co-annotated scenes, each step's images encoded ONCE for the
+    three heads; then `predict` and `vitdense.load` of its checkpoint."""
+    encode, passes = VisionTransformer.encode, []
+
+    def counted(self, *args, **kwargs):
+        passes.append(torch.is_grad_enabled())
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(VisionTransformer, "encode", counted)
     cli = main(["fit", "--config", demo_yaml(tmp_path)])
+    assert sum(passes) == cli.trainer.global_step == 2  # (with grad: the training steps' passes)
+    monkeypatch.undo()
     model, data = cli.model, cli.datamodule
     assert isinstance(model, MultiTask) and list(data.tasks) == ["det", "seg", "depth"]
     assert all(task.backbone is model.backbone for task in model.tasks.values())

@@ -16,6 +16,7 @@ from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.export_accuracy import bench_export_accuracy, print_export_accuracy
+from vitdense.bench.multitask_demo import bench_multitask_demo, print_multitask_demo
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
 from vitdense.bench.rfdetr import SIZES, run_rfdetr
 from vitdense.bench.seg_heads import run_seg_heads
@@ -159,6 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     rf.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads (default: torch's)")
     rf.add_argument("--iters", type=int, default=5, help="timed rounds per model")
     rf.add_argument("--warmup", type=int, default=1)
+    md = sub.add_parser(
+        "multitask-demo", help="configs/demo_multitask.yaml jointly vs each task alone on the same scenes, per seed"
+    )
+    md.add_argument("--config", default="configs/demo_multitask.yaml")
+    md.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    md.add_argument("--max-epochs", type=int, default=None, help="default: the config's")
+    md.add_argument("--out", default="runs/multitask_demo", help="where each run writes its logs")
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -191,3 +199,6 @@ def main(argv: list[str] | None = None) -> None:
         print_sliced(bench_sliced(args), args)
     elif args.command == "rfdetr":
         run_rfdetr(args)
+    elif args.command == "multitask-demo":
+        runs = bench_multitask_demo(args.config, args.seeds, args.out, args.max_epochs)
+        print_multitask_demo(runs, args.seeds)

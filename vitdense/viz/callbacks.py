@@ -140,7 +140,15 @@ class ValidationImages(L.Callback):
 
 
 def batch_size(batch: Any) -> int:
-    """Images in a batch (vitdense's batches have `image` [B, 3, H, W])."""
+    """Images in a batch (vitdense's batches have `image` [B, 3, H, W]); of a multi-task
+    step's {name: batch}, the distinct ones (tasks labelling the same images count them once)."""
+    if isinstance(batch, Mapping):
+        seen: list[torch.Tensor] = []
+        for part in batch.values():
+            image = getattr(part, "image", None)
+            if image is not None and not any(x.shape == image.shape and torch.equal(x, image) for x in seen):
+                seen.append(image)
+        return sum(int(x.shape[0]) for x in seen)
     return int(batch.image.shape[0]) if hasattr(batch, "image") else 0
 
 
