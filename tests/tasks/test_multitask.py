@@ -24,6 +24,7 @@ from vitdense.cli import main
 from vitdense.core.errors import ConfigError
 from vitdense.data import LoaderConfig, SyntheticDepthDataModule, SyntheticSegmentationDataModule
 from vitdense.data.multitask import MultiTaskDataModule
+from vitdense.data.synthetic.multitask import SyntheticScenesDataModule, labeled_scene
 from vitdense.data.transforms.common import normalization
 from vitdense.deploy.checkpoint import Checkpoint, load_model, load_task
 from vitdense.deploy.export import export_checkpoint, exportable, run_exported
@@ -432,3 +433,25 @@ def test_a_run_stopped_mid_epoch_resumes_as_if_never_stopped(tmp_path):
     resumed = run(tmp_path / "stopped.ckpt")
     for (key, a), b in zip(never_stopped.state_dict().items(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=key)
+
+
+def test_co_annotated_scenes_label_the_same_pixels_alike():
+    """Each object's box is the extent of its segment, in the rendered scene and after the one
+    crop and flip every task's labels share; every task's sample holds the same image."""
+    scene = labeled_scene(48, 64, np.random.default_rng(5))
+    assert len(scene["boxes"]) and set(np.unique(scene["segments"])) <= {0, 1, 2, 3}
+    assert (scene["depth"] > 0).all()
+    for (x1, y1, x2, y2), label in zip(scene["boxes"].astype(int), scene["labels"], strict=True):
+        inside = scene["segments"][y1:y2, x1:x2] == 2 + label
+        assert inside[0].any() and inside[-1].any() and inside[:, 0].any() and inside[:, -1].any()
+    data = SyntheticScenesDataModule(img_size=32, train_size=8, val_size=2, loader=LoaderConfig(batch_size=2))
+    data.setup("fit")
+    for index in range(8):
+        sample = data.train_set[index]
+        assert sample["det"].image is sample["seg"].image is sample["depth"].image
+        height, width = sample["seg"].mask.shape
+        boxes = sample["det"].eval_targets.boxes.round().int()
+        for (x1, y1, x2, y2), label in zip(boxes.tolist(), sample["det"].targets.labels.tolist(), strict=True):
+            assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height
+            assert (sample["seg"].mask[y1:y2, x1:x2] == 2 + label).any()
+        assert sample["depth"].depth.shape == (height, width) and (sample["depth"].depth > 0).all()
