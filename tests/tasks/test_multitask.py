@@ -31,6 +31,7 @@ from vitdense.deploy.export import export_checkpoint, exportable, run_exported
 from vitdense.deploy.multitask import MultiTaskPredictor
 from vitdense.deploy.multitask import normalization as normalization_of
 from vitdense.deploy.serve import PredictorAPI
+from vitdense.deploy.slicing import Slicing
 from vitdense.heads import DETRHead, DPTHead, LinearDecoder
 from vitdense.models import MultiTaskModel
 from vitdense.tasks import BackboneConfig, DepthTask, DetectionTask, SegmentationTask
@@ -311,6 +312,11 @@ def test_the_command_line_fits_a_multitask_config(tmp_path, capsys, monkeypatch)
     for got, want in zip(rows, expected, strict=True):
         assert got["category_id"] == want["category_id"] and got["score"] == pytest.approx(want["score"])
         assert got["bbox"] == pytest.approx(want["bbox"], abs=1e-3)
+    # tiles for the task that predicts objects, whole images for the others
+    sliced = vitdense.load(ckpt, slicing=Slicing(slice_height=16, slice_width=16))
+    assert [name for name, p in sliced.predictors.items() if p.slicing is not None] == ["det"]
+    tiled = sliced(folder / "photo1.png")
+    assert type(tiled["det"]).__name__ == "DetectionResult" and tiled["seg"].to_dict() == results[1]["seg"].to_dict()
     for i, result in enumerate(results):
         written = np.array(Image.open(out / "predictions" / "seg" / "masks" / f"photo{i}.png"))
         np.testing.assert_array_equal(written, result["seg"].label_map)
@@ -370,6 +376,8 @@ def test_heads_trained_apart_on_a_frozen_encoder_combine(tmp_path, capsys):
     # (Segmenter slides 32 x 32 windows over a 32 x 40 image, DPT reads it whole: two passes)
     assert list(results) == ["seg", "depth"] and predictor.last_passes == 2
     assert predictor(image[:, :32]) and predictor.last_passes == 1  # one window: one batch for both
+    with pytest.raises(ConfigError, match="slicing: SegmentationTask predicts SegmentationResult, not objects"):
+        vitdense.load(tmp_path / "joint.ckpt", slicing=Slicing(slice_height=16, slice_width=16))
     alike = MultiTaskPredictor.from_checkpoint(tmp_path / "joint.ckpt", preprocess_as="seg")
     assert alike.predictors["depth"].data.preprocess == alike.predictors["seg"].data.preprocess
     assert list(alike(image[:, :32], tasks=["depth", "seg"])) == ["depth", "seg"] and alike.last_passes == 1

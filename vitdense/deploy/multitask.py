@@ -39,6 +39,7 @@ from vitdense.deploy.checkpoint import (
     record_model,
 )
 from vitdense.deploy.predictor import ImageInput, Predictor
+from vitdense.deploy.slicing import Slicing, check_sliceable
 from vitdense.results.common import Result
 
 
@@ -161,11 +162,14 @@ class MultiTaskPredictor:
         batch_size: int | None = None,
         precision: str = "32-true",
         preprocess_as: str | None = None,
+        slicing: Slicing | None = None,
     ) -> MultiTaskPredictor:
         """Every task of a multi-task checkpoint, with its recorded preprocessing, or with
         task `preprocess_as`'s for all (resize and normalisation; each task keeps its labels):
         then every task reads the same batch and the encoder runs once per batch, where
-        tasks whose data resized otherwise would each run it on their own input."""
+        tasks whose data resized otherwise would each run it on their own input. `slicing`:
+        the tasks that predict objects (detection, instances) predict in tiles, merged
+        (`vitdense.deploy.slicing`); the others read whole images."""
         found = path if isinstance(path, Checkpoint) else Checkpoint(path)
         tasks = restore_tasks(found)
         data = tasks_inference(found)
@@ -174,12 +178,17 @@ class MultiTaskPredictor:
                 raise ConfigError(f"preprocess_as={preprocess_as!r}: choose among {list(data)}")
             data = {name: replace(d, preprocess=data[preprocess_as].preprocess) for name, d in data.items()}
         batch_size = batch_size or first_batch_size(found)
-        return cls(
-            {
-                name: Predictor(task, data[name], device=device, batch_size=batch_size, precision=precision)
-                for name, task in tasks.items()
-            }
-        )
+        predictors = {
+            name: Predictor(task, data[name], device=device, batch_size=batch_size, precision=precision)
+            for name, task in tasks.items()
+        }
+        if slicing is not None:  # the tasks that predict objects, in tiles; the others whole
+            sliced = [name for name, task in tasks.items() if sliceable(task)]
+            if not sliced:
+                check_sliceable(next(iter(tasks.values())))  # (the one-line refusal, naming the first)
+            for name in sliced:
+                predictors[name].slicing = slicing
+        return cls(predictors)
 
     @property
     def names(self) -> list[str]:
@@ -218,6 +227,15 @@ class MultiTaskPredictor:
         if unknown or not tasks:
             raise ConfigError(f"tasks={list(tasks)}: choose among {self.names}")
         return {name: self.predictors[name] for name in tasks}
+
+
+def sliceable(task: Any) -> bool:
+    """Whether a task predicts objects, which sliced inference merges (`check_sliceable`)."""
+    try:
+        check_sliceable(task)
+    except ConfigError:
+        return False
+    return True
 
 
 def example_size(found: Checkpoint) -> int | None:

@@ -301,10 +301,7 @@ def load(
     if found.is_multitask:
         from vitdense.deploy.multitask import MultiTaskPredictor
 
-        if slicing is not None:
-            raise ConfigError(
-                f"ckpt_path {found.path}: slicing is not offered for a multi-task checkpoint yet; load the task "
-                "that needs tiles from its own checkpoint"
-            )
-        return MultiTaskPredictor.from_checkpoint(found, device=device, batch_size=batch_size, precision=precision)
+        return MultiTaskPredictor.from_checkpoint(
+            found, device=device, batch_size=batch_size, precision=precision, slicing=slicing
+        )
     return Predictor.from_checkpoint(found, device=device, batch_size=batch_size, precision=precision, slicing=slicing)

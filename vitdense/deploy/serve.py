@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> None:
         tasks_inference(found)
     else:
         inference_data(found)
-    if slicing is not None:  # a task without objects: refused before the server starts
+    if slicing is not None and not found.is_multitask:  # a task without objects: refused before the server starts
         check_checkpoint_sliceable(found)
         if found.result_type() is None:  # (not recorded and the task's settings decide: ask the task)
             check_sliceable(found.for_inference("cpu"))
