@@ -81,11 +81,28 @@ def _config_files(argv: list[str]) -> list[Path]:
     return [Path(v) for v in values if "\n" not in v and not v.lstrip().startswith("{") and Path(v).is_file()]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last one
+    silently: two tasks named alike in a MultiTask config would become one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice in one mapping", key_node.start_mark
+                )
+            seen[key] = True
+        return super().construct_mapping(node, deep=deep)
+
+
 def _check_yaml(path: Path) -> None:
-    """One line naming the file, line and column for a config that is not valid YAML
-    (jsonargparse's own message names neither the file nor, often, the line)."""
+    """One line naming the file, line and column for a config that is not valid YAML, or that
+    gives a key twice in one mapping (jsonargparse's own message names neither the file nor,
+    often, the line)."""
     try:
-        yaml.safe_load(path.read_text())
+        yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -463,3 +463,18 @@ def test_co_annotated_scenes_label_the_same_pixels_alike():
             assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height
             assert (sample["seg"].mask[y1:y2, x1:x2] == 2 + label).any()
         assert sample["depth"].depth.shape == (height, width) and (sample["depth"].depth > 0).all()
+
+
+def test_two_tasks_with_one_name_are_one_line(tmp_path, capsys):
+    """YAML keeps the last of two equal keys silently: the command line refuses the file."""
+    config = tmp_path / "twice.yaml"
+    config.write_text(
+        "model:\n  class_path: vitdense.tasks.MultiTask\n  init_args:\n    tasks:\n"
+        "      seg: {class_path: vitdense.tasks.SegmentationTask}\n"
+        "      seg: {class_path: vitdense.tasks.DepthTask}\n"
+    )
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config)])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"vitdense: error: {config}: not valid YAML (the key 'seg' is given twice in one mapping at line 6, column 7)"
+    )
