@@ -107,10 +107,8 @@ def train_transform(img_size: int, mean: Triple, std: Triple) -> A.Compose:
 
 
 def eval_transform(mean: Triple, std: Triple) -> A.Compose:
-    return A.Compose(
-        [A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()],
-        bbox_params=A.BboxParams(format="pascal_voc", label_fields=["labels"]),
-    )
+    """Whole scenes, normalised (the boxes need no processing)."""
+    return A.Compose([A.Normalize(mean=mean, std=std, max_pixel_value=255.0), ToTensorV2()])
 
 
 def sample_of(kind: str, out: dict[str, Any], index: int, image: torch.Tensor | None = None) -> Any:
@@ -148,12 +146,12 @@ class Scenes(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         scene = labeled_scene(*self.size, np.random.default_rng([self.seed, index]))
+        boxes = {"bboxes": scene["boxes"], "labels": scene["labels"]}
+        moves_boxes = "bboxes" in self.transform.processors  # (training's crop and flip; evaluation keeps them)
         out = self.transform(
-            image=scene["image"],
-            masks=[scene["segments"], scene["depth"]],
-            bboxes=scene["boxes"],
-            labels=scene["labels"],
+            image=scene["image"], masks=[scene["segments"], scene["depth"]], **(boxes if moves_boxes else {})
         )
+        out = out if moves_boxes else {**out, **boxes}
         samples = {name: sample_of(kind, out, index) for name, kind in self.kinds.items()}
         return next(iter(samples.values())) if len(samples) == 1 else samples
 
