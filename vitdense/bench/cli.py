@@ -16,6 +16,7 @@ from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.export_accuracy import bench_export_accuracy, print_export_accuracy
+from vitdense.bench.multitask import HEADS, run_multitask
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
 from vitdense.bench.rfdetr import SIZES, run_rfdetr
 from vitdense.bench.seg_heads import run_seg_heads
@@ -159,6 +160,24 @@ def main(argv: list[str] | None = None) -> None:
     rf.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads (default: torch's)")
     rf.add_argument("--iters", type=int, default=5, help="timed rounds per model")
     rf.add_argument("--warmup", type=int, default=1)
+    mt = sub.add_parser(
+        "multitask",
+        help="one graph with K heads on one encoder vs the K single-task models: latency, parameters, memory",
+    )
+    mt.add_argument("--backbone", default="vit_small_patch16_224", help="timm model name (random weights)")
+    mt.add_argument("--depth", type=int, default=None, help="blocks of the encoder (default: the model's; DPT reads 4)")
+    mt.add_argument("--img-size", type=int, default=224)
+    mt.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (ms are per batch)")
+    mt.add_argument("--heads", nargs="+", choices=HEADS, default=list(HEADS), help="K of them, on one encoder")
+    mt.add_argument("--runtimes", nargs="+", choices=["eager", "onnx"], default=["eager", "onnx"])
+    mt.add_argument(
+        "--exporter", choices=["dynamo", "torchscript"], default="dynamo",
+        help="ONNX: vitdense.deploy.export's (dynamo, what `python -m vitdense export` writes) or torch's TorchScript "
+        "exporter (quicker to write)",
+    )  # fmt: skip
+    mt.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads (default: torch's)")
+    mt.add_argument("--repeats", type=int, default=5, help="timed rounds per batch size and runtime")
+    mt.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -191,3 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         print_sliced(bench_sliced(args), args)
     elif args.command == "rfdetr":
         run_rfdetr(args)
+    elif args.command == "multitask":
+        if len(set(args.heads)) != len(args.heads):
+            parser.error(f"multitask --heads {' '.join(args.heads)}: each head once")
+        run_multitask(args)
