@@ -246,3 +246,99 @@ def test_cold_start_prints_the_load_as_a_multiple_of_importing_torch_and_timm(ca
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in out[3:]}
     assert rows["baseline: spawn -> import torch, timm"] == ["4.00", "3.25 |"]
     assert rows["load: spawn -> first prediction / baseline (import torch, timm)"] == ["1.25x", "1.20x |"]
+
+
+def test_multitask_bench_prints_the_ratio_the_parameters_and_equal_outputs(capsys, one_thread):
+    """One graph with three heads against the three single-task models on the same encoder, eager and
+    onnxruntime: the multi-task model holds the encoder once (the singles K times, exactly), its
+    outputs are the singles' (0.0 in eager fp32), and each row carries (b) / (a)."""
+    import re
+
+    from vitdense.bench.common import cpu_kind
+
+    main(
+        "multitask --backbone vit_tiny_patch16_224 --depth 4 --img-size 32 --batch 1 --repeats 1 --warmup 0 "
+        "--exporter torchscript".split()
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("multitask: det + seg + depth on one vit_tiny_patch16_224")
+    assert out[1].startswith(f"CPU: {cpu_kind()}, ") and "bf16" in out[1] and f"torch {torch.__version__}" in out[1]
+    assert "; 1 threads (torch and onnxruntime" in out[1]  # (the one_thread fixture's)
+
+    def count(label: str) -> int:
+        (line,) = [line for line in out if line.startswith(f"  {label}")]
+        return int(re.search(r"\s([\d,]+)\s+[\d.]+$", line)[1].replace(",", ""))
+
+    encoder, multi, singles = count("encoder"), count("multi-task model"), count("3 single-task models")
+    assert multi < singles and singles - multi == 2 * encoder
+    assert "  saved: 2 x the encoder's parameters (K - 1 = 2)" in out
+    assert "encoder passes per forward: 1 (multi-task), 3 (3 single-task models)" in out
+    assert "  eager   batch 1   0.0" in out
+    (onnx,) = [line for line in out if line.startswith("  onnx    batch 1")]
+    assert float(onnx.split()[-1]) <= 1e-4
+    memory = [line for line in out if line.startswith(("  (a)", "  (b)", "  (c)"))]
+    assert len(memory) == 3 and all(line.endswith(" MB") for line in memory)
+    cell = r"([\d.]+) \(([\d.]+)\)"
+    rows = {}
+    for line in out:
+        if match := re.fullmatch(rf"(eager|onnx)\s+1\s+{cell}\s+{cell}\s+{cell}\s+([\d.]+)\s+.*", line):
+            rows[match[1]] = [float(v) for v in match.groups()[1:]]
+    assert list(rows) == ["eager", "onnx"]
+    for a, _, b, _, c, _, ratio in rows.values():
+        assert a > 0 and b > 0 and c > 0
+        assert ratio == pytest.approx(b / a, rel=0.05)
+
+
+def test_multitask_bench_without_onnxruntime_says_how_to_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # importing it fails, installed or not
+    with pytest.raises(SystemExit) as exit_info:
+        main(["multitask"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "onnxruntime, which is not installed" in err and "pip install" in err and "--runtimes eager" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_multitask_bench_prints_no_timing_when_the_outputs_differ(capsys, monkeypatch):
+    from vitdense.bench import multitask
+
+    def differing(args):
+        differences = {("eager", 1): 0.0, ("onnx", 1): 3e-4}
+        params = {"encoder": 10, multitask.MULTI: 25, multitask.SINGLES: 45}
+        memory = dict.fromkeys((multitask.MULTI, multitask.SINGLES, multitask.ENCODER), 1.0)
+        result = multitask.MultitaskResult(params, memory, (1, 3), differences, {}, {}, (0.0, 0.0))
+        result.refused = "the multi-task outputs differ from the single models' (onnx batch 1: 0.0003)"
+        return result
+
+    monkeypatch.setattr(multitask, "bench_multitask", differing)
+    with pytest.raises(SystemExit) as exit_info:
+        main("multitask --batch 1".split())
+    assert exit_info.value.code == 1
+    out = capsys.readouterr().out
+    assert "  onnx    batch 1   0.0003" in out and "refused: the multi-task outputs differ" in out
+    assert "latency" not in out and "(b)/(a)" not in out
+
+
+def test_multitask_demo_runs_each_task_alone_as_the_command_line_takes_it(capsys):
+    """Each task of configs/demo_multitask.yaml alone: its own settings, the scenes' labels of
+    its kind, nothing the command line links from the data given twice (parsed, not trained)."""
+    import yaml
+
+    from vitdense.bench.multitask_demo import alone_config
+    from vitdense.cli import main as cli
+
+    config = yaml.safe_load((Path(__file__).parents[1] / "configs" / "demo_multitask.yaml").read_text())
+    for name, kind in config["data"]["init_args"]["labels"].items():
+        alone = alone_config(config, name)
+        assert alone["data"]["init_args"]["kind"] == kind and "num_classes" not in alone["model"]["init_args"]
+        path = Path(f"{name}_alone.yaml")
+        path.write_text(yaml.safe_dump(alone))
+        try:
+            with pytest.raises(SystemExit) as done:
+                cli(["fit", "--config", str(path), "--print_config"])
+        finally:
+            path.unlink()
+        assert done.value.code in (None, 0)
+        printed = yaml.safe_load(capsys.readouterr().out)
+        assert printed["data"]["init_args"]["kind"] == kind
+        assert printed["model"]["class_path"] == config["model"]["init_args"]["tasks"][name]["class_path"]

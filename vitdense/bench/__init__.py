@@ -9,6 +9,7 @@
     python -m vitdense.bench plain-loop --config configs/demo_cls.yaml --seeds 3 --epochs 2
     python -m vitdense.bench eomt-peer --img-size 512
     python -m vitdense.bench seg-heads --model vit_small_patch16_224 --img-size 512 --batch-size 2
+    python -m vitdense.bench multitask --backbone vit_small_patch16_224 --img-size 224 --batch 1 8
 
 `backbone` times vitdense's encoder against timm's `forward_features` with the same
 weights, in one process, alternating the two every round so that drift of the machine
@@ -58,6 +59,18 @@ on one window, EoMT after its masked attention is annealed away and, in a third 
 Median ms/step, img/s, training memory, and EoMT / Segmenter for both steps, with the CPU's
 kind, torch's threads and the precision (`--precision bf16`: CPU autocast, emulated and slow
 on CPUs without AVX512-BF16 or AMX, which the command warns of).
+
+`multitask` times one graph with K heads on one encoder (`MultiTaskModel`: detection,
+segmentation, depth) against the K single-task models on copies of the same encoder, run one
+after another, and the encoder alone, in eager PyTorch and onnxruntime at each batch size:
+median (min) ms, the ratio singles / multi-task and what ideal sharing ((K - 1) encoder passes
+saved) would give; parameter totals (the encoder once vs K times) and the peak RSS of one eager
+forward. It first checks that the multi-task outputs equal the single models' (0.0 in eager,
+1e-4 in onnxruntime) and prints no timing otherwise (`vitdense.bench.multitask`).
+
+`multitask-demo` trains configs/demo_multitask.yaml jointly and each of its tasks alone on the
+same co-annotated scenes, seed by seed, and prints each task's figure joint and alone, at equal
+steps and at equal wall time (`vitdense.bench.multitask_demo`).
 
 `export` times each task's exported graph (`python -m vitdense export`, fixed size, batch 1)
 in onnxruntime against the same wrapper in eager PyTorch, alternating, median ms.

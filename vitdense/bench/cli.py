@@ -16,6 +16,7 @@ from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
 from vitdense.bench.export_accuracy import bench_export_accuracy, print_export_accuracy
+from vitdense.bench.multitask import HEADS, run_multitask
 from vitdense.bench.multitask_demo import bench_multitask_demo, print_multitask_demo
 from vitdense.bench.plain_loop import DEMO_CONFIG, bench_plain_loop, print_plain_loop
 from vitdense.bench.rfdetr import SIZES, run_rfdetr
@@ -167,6 +168,24 @@ def main(argv: list[str] | None = None) -> None:
     md.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     md.add_argument("--max-epochs", type=int, default=None, help="default: the config's")
     md.add_argument("--out", default="runs/multitask_demo", help="where each run writes its logs")
+    mt = sub.add_parser(
+        "multitask",
+        help="one graph with K heads on one encoder vs the K single-task models: latency, parameters, memory",
+    )
+    mt.add_argument("--backbone", default="vit_small_patch16_224", help="timm model name (random weights)")
+    mt.add_argument("--depth", type=int, default=None, help="blocks of the encoder (default: the model's; DPT reads 4)")
+    mt.add_argument("--img-size", type=int, default=224)
+    mt.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (ms are per batch)")
+    mt.add_argument("--heads", nargs="+", choices=HEADS, default=list(HEADS), help="K of them, on one encoder")
+    mt.add_argument("--runtimes", nargs="+", choices=["eager", "onnx"], default=["eager", "onnx"])
+    mt.add_argument(
+        "--exporter", choices=["dynamo", "torchscript"], default="dynamo",
+        help="ONNX: vitdense.deploy.export's (dynamo, what `python -m vitdense export` writes) or torch's TorchScript "
+        "exporter (quicker to write)",
+    )  # fmt: skip
+    mt.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads (default: torch's)")
+    mt.add_argument("--repeats", type=int, default=5, help="timed rounds per batch size and runtime")
+    mt.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -202,3 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "multitask-demo":
         runs = bench_multitask_demo(args.config, args.seeds, args.out, args.max_epochs)
         print_multitask_demo(runs, args.seeds)
+    elif args.command == "multitask":
+        if len(set(args.heads)) != len(args.heads):
+            parser.error(f"multitask --heads {' '.join(args.heads)}: each head once")
+        run_multitask(args)
