@@ -389,6 +389,11 @@ class Checkpoint:
         self.data_class: str | None = data.get(CLASS_PATH_KEY)
         self.data: dict[str, Any] = {k: v for k, v in data.items() if not k.startswith("_")}
 
+    @property
+    def state_dict(self) -> Mapping[str, Any]:
+        """The checkpoint's weights (memory-mapped: read as they are used)."""
+        return self._state_dict
+
     def describe_classes(self) -> str:
         names = self.task.get("class_names") or []
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")

@@ -76,7 +76,7 @@ def restore_tasks(found: Checkpoint, map_location: str | torch.device = "cpu") -
         tasks = {
             name: plain_task(
                 records[name]["model"],
-                task_state_dict(found._state_dict, name),
+                task_state_dict(found.state_dict, name),
                 found.task["tasks"][name]["class_path"] if "tasks" in found.task else "",
                 found.path,
                 map_location,

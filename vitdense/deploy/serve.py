@@ -367,6 +367,7 @@ class PredictorAPI(ls.LitAPI):
 
     def predict(self, inputs: Any) -> Any:
         asked = inputs if isinstance(inputs, list) else [inputs]  # (a list when batching)
+        asked = [x if isinstance(x, Asked | Rejected) else Asked(x) for x in asked]  # (pixels alone: every task)
         good = [x for x in asked if not isinstance(x, Rejected)]
         if not good:
             results = iter([])
