@@ -38,7 +38,7 @@ from vitdense.deploy.checkpoint import (
     record_inference,
     record_model,
 )
-from vitdense.deploy.predictor import ImageInput, Predictor
+from vitdense.deploy.predictor import ImageInput, Predictor, is_one_image
 from vitdense.deploy.slicing import Slicing, check_sliceable
 from vitdense.results.common import Result
 
@@ -205,10 +205,8 @@ class MultiTaskPredictor:
         several); `tasks`: only those (default: every task)."""
         chosen = self.chosen(tasks)
         first = next(iter(chosen.values()))
-        several = isinstance(images, (list, tuple))
-        single = not several and not (isinstance(images, (str, Path)) and Path(images).is_dir())
-        single = single and not (isinstance(images, torch.Tensor) and images.ndim == 4)
-        loaded = list(first.load_images(images if several else [images]))
+        single = is_one_image(images)
+        loaded = list(first.load_images(images if isinstance(images, (list, tuple)) else [images]))
         step = min(p.batch_size for p in chosen.values())
         results: list[dict[str, Result]] = []
         self.last_passes = 0

@@ -222,9 +222,8 @@ class Predictor:
     def __call__(self, images: ImageInput | Sequence[ImageInput]) -> Result | list[Result]:
         """Results of one image (a result) or several (a list in the same order; a folder
         counts as several, in `find_images`' order)."""
-        several = isinstance(images, (list, tuple))
-        single = not several and not _is_folder(images) and not _is_batch(images)
-        loaded = list(self.load_images(images if several else [images]))
+        single = is_one_image(images)
+        loaded = list(self.load_images(images if isinstance(images, (list, tuple)) else [images]))
         results = []
         for start in range(0, len(loaded), self.batch_size):
             results += self.predict_batch(loaded[start : start + self.batch_size])
@@ -275,6 +274,12 @@ class Predictor:
         if self.precision in ("16-mixed", "16"):
             return torch.autocast(self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
+
+
+def is_one_image(images: Any) -> bool:
+    """Whether a predictor's input is one image (one result), not a list, a folder or a
+    batch tensor [B, 3, H, W] (a list of results)."""
+    return not isinstance(images, (list, tuple)) and not _is_folder(images) and not _is_batch(images)
 
 
 def _is_folder(image: Any) -> bool:

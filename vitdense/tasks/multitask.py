@@ -74,6 +74,16 @@ class TaskTrainer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._trainer, name)
 
+    @classmethod
+    def of(cls, trainer: L.Trainer, name: str, loaders: str) -> TaskTrainer:
+        """Task `name`'s view of a multi-task run: its DataModule, and as `loaders` (e.g.
+        "val_dataloaders") its own loader out of the run's loaders by name."""
+        data = getattr(getattr(trainer, "datamodule", None), "tasks", {}).get(name)
+        view = cls(trainer, data)
+        found = getattr(trainer, loaders)
+        setattr(view, loaders, found[name] if isinstance(found, Mapping) else found)
+        return view
+
 
 class MultiTask(L.LightningModule):
     """Several tasks on one encoder.
@@ -356,14 +366,9 @@ class TaskWriters(BasePredictionWriter):
         self.writers = dict(writers)
 
     def _views(self, trainer: L.Trainer, model: MultiTask) -> Iterator[tuple[str, Any, Any, BasePredictionWriter]]:
-        data = getattr(trainer, "datamodule", None)
-        loaders = trainer.predict_dataloaders
         for name, writer in self.writers.items():
-            if writer is None:
-                continue
-            view = TaskTrainer(trainer, getattr(data, "tasks", {}).get(name))
-            view.predict_dataloaders = loaders[name] if isinstance(loaders, Mapping) else loaders
-            yield name, view, model.tasks[name], writer
+            if writer is not None:
+                yield name, TaskTrainer.of(trainer, name, "predict_dataloaders"), model.tasks[name], writer
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: MultiTask) -> None:
         for _, view, task, writer in self._views(trainer, pl_module):

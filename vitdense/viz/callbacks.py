@@ -103,10 +103,8 @@ class ValidationImages(L.Callback):
         if not any(not isinstance(logger, DummyLogger) for logger in trainer.loggers):
             return
         if isinstance(pl_module, MultiTask):  # each task draws its own images, logged under its name
-            loaders = trainer.val_dataloaders
             for name, task in pl_module.tasks.items():
-                view = TaskTrainer(trainer, trainer.datamodule.tasks[name])
-                view.val_dataloaders = loaders[name] if isinstance(loaders, Mapping) else loaders
+                view = TaskTrainer.of(trainer, name, "val_dataloaders")
                 self.draw(view, task, pl_module.device, named(self.tag, name), name)
             return
         self.draw(trainer, pl_module, pl_module.device, self.tag)
