@@ -27,10 +27,11 @@ model's export wrapper (`vitdense.deploy.export.exportable`: the normalisation, 
 
 in eager PyTorch (`torch.inference_mode`) and in onnxruntime (CPU provider), at each `--batch`.
 ONNX: each of the K + 2 graphs is exported once, through `vitdense.deploy.export` (`trace`,
-`save`: what `python -m vitdense export` writes; `--exporter torchscript`: torch's older
-tracer, quicker to write, which `save` falls back to where the dynamo converter fails), with
-a dynamic batch; where that graph fails or differs from its eager wrapper (beyond 1e-3) at a
-batch size, a graph with that batch fixed is exported for it. onnxruntime runs with torch's
+`save`: what `python -m vitdense export` writes), with a dynamic batch; where that graph fails
+or differs from its eager wrapper (beyond 1e-3) at a batch size, a graph with that batch fixed
+is exported for it. `--exporter torchscript`: torch's older tracer instead (which `save` falls
+back to where the dynamo converter fails), seconds rather than tens of seconds to write, one
+graph per batch size (it records the shapes of the batch it traces). onnxruntime runs with torch's
 intra-op thread count (`--threads`, default torch's) and its threads' spinning off: the K + 2
 sessions' thread pools live in one process and run in turn, and a pool left spinning after its
 run takes the cores from the next session (and from other processes on a shared machine).
@@ -91,6 +92,8 @@ ONNX_TOLERANCE = 1e-4
 #: an ONNX graph further than this from its eager wrapper is exported again with the batch fixed
 #: (`vitdense.deploy.export.check_dynamic`'s bound)
 GRAPH_TOLERANCE = 1e-3
+#: why `--exporter torchscript` writes a graph per batch size (`vitdense.deploy.export.save` says the same)
+TORCHSCRIPT_BATCH = "the tracer records the shapes of the batch it runs"
 #: the three ways timed, in the order of the table
 MULTI, SINGLES, ENCODER = "multi", "singles", "encoder"
 
@@ -228,6 +231,9 @@ class OnnxGraphs:
         self.sessions: dict[tuple[str, int | None], object] = {}
         #: {graph: why its batch is fixed per batch size} (absent: one dynamic-batch graph)
         self.fixed: dict[str, str] = {}
+        if args.exporter == "torchscript":  # (exported for each batch size as `runs` meets it)
+            self.fixed = dict.fromkeys(models.wrappers, TORCHSCRIPT_BATCH)
+            return
         for name in models.wrappers:
             self.export(name, None)
 
@@ -242,12 +248,11 @@ class OnnxGraphs:
         size = self.args.img_size
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if self.args.exporter == "torchscript":
-                example = torch.rand(batch or 2, 3, size, size) * 255
-                axes = {n: {0: "batch"} for n in ["images", *outputs]} if batch is None else None
+            if self.args.exporter == "torchscript":  # (always a batch: TORCHSCRIPT_BATCH)
+                example = torch.rand(batch, 3, size, size) * 255
                 torch.onnx.export(
                     wrapper, (example,), str(path), dynamo=False, input_names=["images"], output_names=outputs,
-                    dynamic_axes=axes, opset_version=17,
+                    opset_version=17,
                 )  # fmt: skip
             elif batch is None:
                 written = save(trace(wrapper, size, size, dynamic=False), wrapper, path, "onnx", outputs)
@@ -288,10 +293,13 @@ class OnnxGraphs:
                 self.export(name, key)
             try:
                 outputs[name] = self.run(name, key, images)
+            except Exception as err:  # onnxruntime refusing a batch the dynamic graph holds fixed
+                if key is not None:  # (a graph exported for this batch: nothing to fall back to)
+                    raise
+                failure = runtime_error(err)
+            else:
                 worst = max_difference(list(outputs[name]), list(expected[name]))
                 failure = None if worst <= GRAPH_TOLERANCE else f"it differs from eager by {worst:.2g}"
-            except Exception as err:  # onnxruntime refusing a batch the graph holds fixed
-                failure = runtime_error(err)
             if failure is not None and key is None:
                 self.fixed[name] = f"with a dynamic batch, {failure} at batch {b}"
                 key = b
@@ -484,9 +492,14 @@ def print_multitask(args: argparse.Namespace, result: MultitaskResult) -> None:
     for (runtime, b), d in result.differences.items():
         print(f"  {runtime:8}batch {b:<4}{d:.3g}" if d else f"  {runtime:8}batch {b:<4}0.0")
     if "onnx" in args.runtimes:
-        exporter = "vitdense.deploy.export (dynamo)" if args.exporter == "dynamo" else "torch's TorchScript exporter"
-        how = "; ".join(f"{name}: batch fixed per size ({why})" for name, why in result.fixed_batch.items())
-        print(f"onnx graphs: {exporter}, {k + 2} graphs, dynamic batch{f' except {how}' if how else ''}")
+        if args.exporter == "torchscript":
+            print(f"onnx graphs: torch's TorchScript exporter, {k + 2} graphs per batch size ({TORCHSCRIPT_BATCH})")
+        else:
+            how = "; ".join(f"{name}: batch fixed per size ({why})" for name, why in result.fixed_batch.items())
+            print(
+                f"onnx graphs: vitdense.deploy.export (dynamo), {k + 2} graphs, dynamic batch"
+                f"{f' except {how}' if how else ''}"
+            )
     if result.refused is not None:
         print(f"refused: {result.refused}")
         return
