@@ -18,6 +18,7 @@ from vitdense.types.classification import ClassificationOutput, ClassPrediction,
 from vitdense.types.common import ImageSizes, Losses, LossSum, SameSize, Size
 from vitdense.types.depth import DepthImages, DepthOutput, DepthPrediction
 from vitdense.types.detection import BoxTargets, Denoising, DetectedImages, DetectionOutput, Detections, EvalTargets
+from vitdense.types.keypoints import COCO_PERSON, KeypointSchema
 from vitdense.types.segmentation import SegmentationOutput, SegmentationPrediction, SegmentedImages
 from vitdense.types.universal import (
     InstanceMasks,
@@ -30,6 +31,7 @@ from vitdense.types.universal import (
 )
 
 __all__ = [
+    "COCO_PERSON",
     "BoxTargets",
     "ClassPrediction",
     "ClassificationOutput",
@@ -44,6 +46,7 @@ __all__ = [
     "ImageSizes",
     "InstanceMasks",
     "InstancePrediction",
+    "KeypointSchema",
     "LabeledImages",
     "LossSum",
     "Losses",

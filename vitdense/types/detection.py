@@ -11,10 +11,13 @@ from vitdense.types.common import ImageSizes, Size
 
 class BoxTargets(NamedTuple):
     """One image's objects as the detection loss sees them: boxes [n, 4] (cx, cy, w, h) in
-    [0, 1] of the unpadded image, labels [n] int64 contiguous class indices (n may be 0)."""
+    [0, 1] of the unpadded image, labels [n] int64 contiguous class indices (n may be 0);
+    with a keypoint dataset, keypoints [n, K, 3] (x, y in [0, 1] of the unpadded image, v in
+    {0, 1, 2} as COCO's: 0 not labelled, with x = y = 0), else None."""
 
     boxes: torch.Tensor
     labels: torch.Tensor
+    keypoints: torch.Tensor | None = None
 
 
 class EvalTargets(NamedTuple):
@@ -22,12 +25,14 @@ class EvalTargets(NamedTuple):
     x2, y2) pixels of the original image, labels [n] contiguous class indices, iscrowd [n]
     int64 and area [n] float (the annotation's own, which COCO's small/medium/large use).
     Crowd regions are kept here (COCOeval ignores detections on them) and dropped from
-    training targets."""
+    training targets. With a keypoint dataset, keypoints [n, K, 3] as annotated (x, y
+    absolute pixels of the original image, v in {0, 1, 2}; a crowd's all 0), else None."""
 
     boxes: torch.Tensor
     labels: torch.Tensor
     iscrowd: torch.Tensor
     area: torch.Tensor
+    keypoints: torch.Tensor | None = None
 
 
 class DetectedImages(NamedTuple):
@@ -109,9 +114,12 @@ class DetectionOutput(NamedTuple):
 class Detections(NamedTuple):
     """Post-processed detections of a batch: index [B] (in its dataset); per image, boxes
     [k, 4] absolute (x1, y1, x2, y2) at the original size, scores [k] and labels [k]
-    (contiguous class indices), best first."""
+    (contiguous class indices), best first; with a keypoint head, keypoints [k, K, 3] per
+    image (x, y absolute at the original size, and each keypoint's score in [0, 1]), else
+    None."""
 
     index: torch.Tensor
     boxes: list[torch.Tensor]
     scores: list[torch.Tensor]
     labels: list[torch.Tensor]
+    keypoints: list[torch.Tensor] | None = None
