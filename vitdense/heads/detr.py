@@ -43,6 +43,7 @@ from torch import nn
 
 from vitdense.backbone import ViTFeatures
 from vitdense.backbone.attention import fused_attention
+from vitdense.heads.keypoints import KeypointHead
 from vitdense.types import DetectionOutput, ImageSizes
 
 
@@ -335,6 +336,8 @@ class DETRHead(nn.Module):
             None: shared without refinement (DETR), one per layer with it (Deformable DETR's
             `with_box_refine`, Plain-DETR, LW-DETR). A shared head's weights (checkpoints from
             before this option) load into per-layer heads as copies: the same function.
+        num_keypoints: K > 0: every query also predicts its object's K keypoints relative
+            to its box (`KeypointHead`, one for all layers), in `DetectionOutput.keypoints`.
     """
 
     def __init__(
@@ -354,6 +357,7 @@ class DETRHead(nn.Module):
         box_bias_hidden: int = 256,
         box_bias_mode: BoxBiasMode = "normalised",
         share_box_head: bool | None = None,
+        num_keypoints: int = 0,
     ) -> None:
         super().__init__()
         if hidden_dim % 2:
@@ -385,6 +389,8 @@ class DETRHead(nn.Module):
             nn.init.zeros_(self.bbox_embed.layers[-1].weight)
             nn.init.zeros_(self.bbox_embed.layers[-1].bias)
         self.share_box_head = not box_bias if share_box_head is None else share_box_head
+        self.num_keypoints = num_keypoints
+        self.keypoint_embed = KeypointHead(hidden_dim, num_keypoints) if num_keypoints else None
         if not self.share_box_head:
             # copies of the one initialised head, as Deformable DETR clones it: no random draws
             # (the rest initialises as with a shared head) and, at initialisation, the same function
@@ -442,8 +448,13 @@ class DETRHead(nn.Module):
                 boxes = torch.stack([self.box_head(i)(h) for i, h in enumerate(hs.float())]).sigmoid()
         # (a one-layer decoder has none: zip over an empty slice puts an unbind into zero tensors in
         # an exported graph, which torch.export saves to a .pt2 it cannot load back)
-        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss and len(logits) > 1 else ()
-        return DetectionOutput(logits[-1], boxes[-1], aux, groups)
+        with_aux = self.aux_loss and len(logits) > 1
+        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if with_aux else ()
+        if self.keypoint_embed is None:
+            return DetectionOutput(logits[-1], boxes[-1], aux, groups)
+        keypoints = self.keypoint_embed(hs, boxes)  # [L, B, G*Q, K, 7]
+        aux_keypoints = tuple(keypoints[:-1]) if with_aux else ()
+        return DetectionOutput(logits[-1], boxes[-1], aux, groups, keypoints=keypoints[-1], aux_keypoints=aux_keypoints)
 
     def initial_reference(self, query_pos: torch.Tensor) -> torch.Tensor:
         """query_pos [B, Q, d] -> each query's learned first reference box [B, Q, 4] in fp32."""

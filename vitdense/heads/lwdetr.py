@@ -45,6 +45,7 @@ from torchvision.ops import box_convert
 from vitdense.backbone import ViTFeatures
 from vitdense.heads.deformable import MSDeformAttn
 from vitdense.heads.detr import MLP, DETRDecoderLayer, inverse_sigmoid
+from vitdense.heads.keypoints import KeypointHead
 from vitdense.heads.pyramid import FeatureLevels, MultiLevelProjector
 from vitdense.types import BoxTargets, Denoising, DetectionOutput, ImageSizes
 
@@ -278,6 +279,9 @@ class LWDETRHead(nn.Module):
             label flipping; DINO: 0.5).
         dn_box_noise: how far a denoising box's corners move, as a share of half its
             width and height (DINO's box_noise_scale: 1.0; DN-DETR: 0.4).
+        num_keypoints: K > 0: every object query also predicts its object's K keypoints
+            relative to its box (`KeypointHead`, one for all layers), in
+            `DetectionOutput.keypoints`.
     """
 
     def __init__(
@@ -302,6 +306,7 @@ class LWDETRHead(nn.Module):
         dn_groups: int = 0,
         dn_label_noise: float = 0.5,
         dn_box_noise: float = 1.0,
+        num_keypoints: int = 0,
     ) -> None:
         super().__init__()
         if dn_groups < 0 or not 0 <= dn_label_noise <= 1 or not 0 <= dn_box_noise <= 1:
@@ -344,6 +349,8 @@ class LWDETRHead(nn.Module):
         self.dn_groups, self.dn_label_noise, self.dn_box_noise = dn_groups, dn_label_noise, dn_box_noise
         if dn_groups:
             self.label_embed = nn.Embedding(num_classes, hidden_dim)  # denoising queries' content
+        self.num_keypoints = num_keypoints
+        self.keypoint_embed = KeypointHead(hidden_dim, num_keypoints) if num_keypoints else None
         self.reset_parameters(prior_prob)
 
     def reset_parameters(self, prior_prob: float) -> None:
@@ -432,11 +439,28 @@ class LWDETRHead(nn.Module):
         if noised is not None:  # split the denoising queries off
             d = noised.labels.shape[1]
             dn = Denoising(tuple(zip(logits[:, :, :d], boxes[:, :, :d], strict=True)), noised.matches, self.dn_groups)
-            logits, boxes = logits[:, :, d:], boxes[:, :, d:]
+            logits, boxes, hs = logits[:, :, d:], boxes[:, :, d:], hs[:, :, d:]
         # (a one-layer decoder has none: zip over an empty slice puts an unbind into zero tensors in
         # an exported graph, which torch.export saves to a .pt2 it cannot load back)
-        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if self.aux_loss and len(logits) > 1 else ()
-        return DetectionOutput(logits[-1], boxes[-1], aux, groups, enc=enc, sigmoid=True, dn=dn)
+        with_aux = self.aux_loss and len(logits) > 1
+        aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if with_aux else ()
+        keypoints, aux_keypoints = None, ()
+        if self.keypoint_embed is not None:
+            # the object queries' keypoints (the denoising queries' and the two-stage proposals'
+            # are not predicted: they learn boxes and classes only)
+            every_layer = self.keypoint_embed(hs, boxes)  # [L, B, G*Q, K, 7]
+            keypoints, aux_keypoints = every_layer[-1], tuple(every_layer[:-1]) if with_aux else ()
+        return DetectionOutput(
+            logits[-1],
+            boxes[-1],
+            aux,
+            groups,
+            enc=enc,
+            sigmoid=True,
+            dn=dn,
+            keypoints=keypoints,
+            aux_keypoints=aux_keypoints,
+        )
 
     def select_proposals(self, levels: FlatLevels, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Two-stage query selection, per group: every valid token's proposal is scored and

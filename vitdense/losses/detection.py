@@ -33,6 +33,7 @@ from torchvision.ops import box_convert, box_iou, generalized_box_iou, generaliz
 
 from vitdense.core.errors import NonFiniteError
 from vitdense.losses.classification import ClassLoss, SoftmaxCrossEntropy
+from vitdense.losses.keypoints import KeypointLoss
 from vitdense.types import BoxTargets, DetectionOutput, Losses, LossSum
 
 #: per image, (query indices [m], target indices [m]) int64, m = min(queries, targets)
@@ -63,12 +64,16 @@ class HungarianMatcher(nn.Module):
         boxes: torch.Tensor,
         targets: Sequence[BoxTargets],
         class_loss: ClassLoss | None = None,
+        keypoints: torch.Tensor | None = None,
+        keypoint_loss: KeypointLoss | None = None,
     ) -> torch.Tensor:
         """Costs of every query against every target of the batch: [B, Q, sum_i n_i] in fp32.
 
         Computed for the whole batch at once (one set of matrix operations), then split per
         image by the caller. fp32 even under autocast: half-precision GIoUs and
-        probabilities round ties differently and fp16 costs overflow.
+        probabilities round ties differently and fp16 costs overflow. With predicted
+        `keypoints` [B, Q, K, 7] and a `keypoint_loss`, its matching cost is added (RF-DETR's:
+        the keypoint terms weighted as in the loss, the target box's area normalising).
         """
         with torch.autocast(logits.device.type, enabled=False):
             b, q = logits.shape[:2]
@@ -82,6 +87,10 @@ class HungarianMatcher(nn.Module):
                 box_convert(out_boxes, "cxcywh", "xyxy"), box_convert(tgt_boxes, "cxcywh", "xyxy")
             )
             cost = self.cost_bbox * cost_bbox + self.cost_class * cost_class + self.cost_giou * cost_giou
+            if keypoints is not None and keypoint_loss is not None:
+                tgt_keypoints = torch.cat([target_keypoints(t) for t in targets])
+                areas = tgt_boxes[:, 2] * tgt_boxes[:, 3]
+                cost = cost + keypoint_loss.matching_cost(keypoints.flatten(0, 1), tgt_keypoints, areas)
             return cost.view(b, q, -1)
 
     @staticmethod
@@ -93,6 +102,8 @@ class HungarianMatcher(nn.Module):
         what = f"predicted box (cx, cy, w, h) {box}"
         if not torch.isfinite(logits[image, query]).all():
             what += " and class logits with NaN or inf"
+        elif torch.isfinite(boxes[image, query]).all():
+            what += " with keypoints holding NaN or inf"
         return NonFiniteError(
             f"image {image} of the batch, query {query}: {what}, so it cannot be matched. The training "
             "has diverged: lower the learning rate, clip gradients (trainer.gradient_clip_val, DETR: 0.1), "
@@ -109,6 +120,8 @@ class HungarianMatcher(nn.Module):
         targets: Sequence[BoxTargets],
         num_groups: int = 1,
         class_loss: ClassLoss | None = None,
+        keypoints: torch.Tensor | None = None,
+        keypoint_loss: KeypointLoss | None = None,
     ) -> Matches:
         """Match a batch.
 
@@ -121,6 +134,8 @@ class HungarianMatcher(nn.Module):
                 blocks, each matched one-to-one to all targets on its own, so every target
                 gets one query per group.
             class_loss: whose `matching_cost` prices the classes (default DETR's softmax).
+            keypoints, keypoint_loss: predicted keypoints [B, Q, K, 7] and the loss whose
+                `matching_cost` prices them (both or neither; the targets then carry keypoints).
 
         Returns:
             Per image, (query indices, target indices), int64 on the CPU, ordered by query
@@ -138,7 +153,7 @@ class HungarianMatcher(nn.Module):
         empty = torch.empty(0, dtype=torch.int64)
         if sum(sizes) == 0:
             return [(empty, empty) for _ in range(b)]
-        cost = self.cost_matrix(logits, boxes, targets, class_loss).cpu()
+        cost = self.cost_matrix(logits, boxes, targets, class_loss, keypoints, keypoint_loss).cpu()
         per_group = q // num_groups
         matches: Matches = []
         for i, image_cost in enumerate(cost.split(sizes, -1)):
@@ -155,6 +170,16 @@ class HungarianMatcher(nn.Module):
                 cols.append(torch.as_tensor(c, dtype=torch.int64))
             matches.append((torch.cat(rows), torch.cat(cols)))
         return matches
+
+
+def target_keypoints(targets: BoxTargets) -> torch.Tensor:
+    """One image's keypoints [n, K, 3], or the error for data without them."""
+    if targets.keypoints is None:
+        raise ValueError(
+            "the head predicts keypoints (num_keypoints > 0) but the targets have none: train it on a keypoint "
+            "dataset (COCO person_keypoints JSON, YOLO-pose folders), or set the head's num_keypoints to 0"
+        )
+    return targets.keypoints
 
 
 def num_target_boxes(targets: Sequence[BoxTargets], device: torch.device, synchronize: bool = True) -> float:
@@ -203,6 +228,9 @@ class SetCriterion(nn.Module):
         class_loss: the class term (default `SoftmaxCrossEntropy(eos_coef)`, DETR's); a
             sigmoid one (`SigmoidFocalLoss`, `IoUAwareBCELoss`) for heads whose outputs say
             `sigmoid`.
+        keypoint_loss: the keypoint terms for heads that predict keypoints (default
+            `KeypointLoss()`, RF-DETR's four terms, in the loss and the matching cost alike);
+            used only when the head's output has keypoints.
     """
 
     def __init__(
@@ -215,6 +243,7 @@ class SetCriterion(nn.Module):
         loss_giou: float = 2.0,
         aux_loss: bool = True,
         class_loss: ClassLoss | None = None,
+        keypoint_loss: KeypointLoss | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = num_classes
@@ -223,6 +252,7 @@ class SetCriterion(nn.Module):
         self.weights = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
         self.aux_loss = aux_loss
         self.class_loss = class_loss or SoftmaxCrossEntropy(eos_coef)
+        self.keypoint_loss = keypoint_loss or KeypointLoss()
 
     def layer_losses(
         self,
@@ -231,9 +261,12 @@ class SetCriterion(nn.Module):
         targets: Sequence[BoxTargets],
         matches: Matches,
         num_boxes: float,
+        keypoints: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """Unweighted `loss_ce`, `loss_bbox`, `loss_giou` of one decoder layer's predictions
-        (logits [B, Q, K + 1] or [B, Q, K], boxes [B, Q, 4]) under the given matching."""
+        (logits [B, Q, K + 1] or [B, Q, K], boxes [B, Q, 4]) under the given matching, and
+        with its `keypoints` [B, Q, K, 7] the keypoint terms, summed over the matched
+        objects and divided by `num_boxes` as the box terms (RF-DETR's)."""
         device = logits.device
         batch_idx, query_idx = self.matched_queries(matches, device)
         matched_labels = torch.cat(
@@ -254,7 +287,16 @@ class SetCriterion(nn.Module):
             )
             / num_boxes
         )
-        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        terms = {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        if keypoints is not None:
+            matched_keypoints = torch.cat(
+                [target_keypoints(t)[j.to(t.boxes.device)] for t, (_, j) in zip(targets, matches, strict=True)]
+            )
+            per_object = self.keypoint_loss.per_object(
+                keypoints[batch_idx, query_idx], matched_keypoints.to(device), matched_boxes[:, 2] * matched_boxes[:, 3]
+            )
+            terms |= {name: value.sum() / num_boxes for name, value in per_object.items()}
+        return terms
 
     def check_logits(self, output: DetectionOutput) -> None:
         """The head's kind of logits must be the class loss's: a softmax loss on sigmoid
@@ -286,32 +328,42 @@ class SetCriterion(nn.Module):
             terms: dict[str, torch.Tensor] = {}
             sums: dict[str, LossSum] = {}
 
-            def supervise(logits: torch.Tensor, boxes: torch.Tensor, matches: Matches, groups: int, suffix: str):
+            weights = self.weights | self.keypoint_loss.weights
+
+            def supervise(logits, boxes, keypoints, matches: Matches, groups: int, suffix: str) -> None:
                 # Group DETR and denoising groups: each group holds every target once, so `groups` times the boxes
-                values = self.layer_losses(logits, boxes, targets, matches, num_boxes * groups)
+                values = self.layer_losses(logits, boxes, targets, matches, num_boxes * groups, keypoints)
                 for name, value in values.items():
-                    terms[name + suffix] = self.weights[name] * value
+                    terms[name + suffix] = weights[name] * value
                 if count is not None:
-                    for name, (divisor, denominator) in self.normalizers(
-                        logits, matches, num_boxes * groups, count * groups
-                    ).items():
+                    normalizers = self.normalizers(logits, matches, num_boxes * groups, count * groups)
+                    for name in values:
+                        divisor, denominator = normalizers[name]
                         sums[name + suffix] = LossSum(terms[name + suffix] * divisor, denominator)
 
-            layers = [(output.logits, output.boxes, "")]
+            # each layer's keypoints where the head predicts them (the object queries' decoder
+            # layers); the two-stage proposals and the denoising queries learn boxes and classes
+            aux_keypoints = output.aux_keypoints or (None,) * len(output.aux)
+            layers = [(output.logits, output.boxes, output.keypoints, "")]
             if self.aux_loss:
-                layers += [(logits, boxes, f"_{i}") for i, (logits, boxes) in enumerate(output.aux)]
+                layers += [
+                    (logits, boxes, keypoints, f"_{i}")
+                    for i, ((logits, boxes), keypoints) in enumerate(zip(output.aux, aux_keypoints, strict=True))
+                ]
             if output.enc is not None:
-                layers.append((*output.enc, "_enc"))
-            for logits, boxes, suffix in layers:
-                matches = self.matcher(logits, boxes, targets, output.num_groups, self.class_loss)
-                supervise(logits, boxes, matches, output.num_groups, suffix)
+                layers.append((*output.enc, None, "_enc"))
+            for logits, boxes, keypoints, suffix in layers:
+                matches = self.matcher(
+                    logits, boxes, targets, output.num_groups, self.class_loss, keypoints, self.keypoint_loss
+                )
+                supervise(logits, boxes, keypoints, matches, output.num_groups, suffix)
             if output.dn is not None:  # denoising queries: their targets are known, no matching
                 *earlier, last = output.dn.layers
                 dn_layers = [(*last, "_dn")]
                 if self.aux_loss:
                     dn_layers += [(*layer, f"_dn_{i}") for i, layer in enumerate(earlier)]
                 for logits, boxes, suffix in dn_layers:
-                    supervise(logits, boxes, output.dn.matches, output.dn.num_groups, suffix)
+                    supervise(logits, boxes, None, output.dn.matches, output.dn.num_groups, suffix)
             total = torch.stack(list(terms.values())).sum()
         return Losses(total, terms, sums)
 
@@ -326,7 +378,8 @@ class SetCriterion(nn.Module):
             self.class_loss.normalizer(logits, matched, num_boxes),
             self.class_loss.normalizer(logits, matched, count),
         )
-        return {"loss_ce": class_terms, "loss_bbox": (num_boxes, count), "loss_giou": (num_boxes, count)}
+        box_terms = ("loss_bbox", "loss_giou", *self.keypoint_loss.weights)  # all sums over matched objects
+        return {"loss_ce": class_terms} | {name: (num_boxes, count) for name in box_terms}
 
     @staticmethod
     def matched_queries(matches: Matches, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -95,6 +95,10 @@ class DetectionOutput(NamedTuple):
         sigmoid: the logits are per-class sigmoids without "no object" (Deformable DETR
             and its successors) rather than a softmax over K + 1.
         dn: the denoising queries' predictions (training with denoising on), else None.
+        keypoints: with a keypoint head, [B, Q, K, 7] per query and keypoint: (x, y) in [0, 1]
+            of the unpadded image, findable and visible logits, and the precision's Cholesky
+            factor (log l11, l21, log l22) (`vitdense.losses.keypoints`); else None.
+        aux_keypoints: the same from every earlier decoder layer, as `aux` (empty without).
     """
 
     logits: torch.Tensor
@@ -104,6 +108,8 @@ class DetectionOutput(NamedTuple):
     enc: tuple[torch.Tensor, torch.Tensor] | None = None
     sigmoid: bool = False
     dn: Denoising | None = None
+    keypoints: torch.Tensor | None = None
+    aux_keypoints: tuple[torch.Tensor, ...] = ()
 
     def class_probs(self) -> torch.Tensor:
         """[B, Q, K] fp32 probability of each real class (softmax without "no object", or sigmoid)."""
