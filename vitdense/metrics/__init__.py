@@ -1,6 +1,7 @@
 """Dataset-level metrics, one module per family: semantic segmentation with mmseg's definitions
-(`.segmentation`), COCO's box mAP (`.detection`), panoptic quality and mask AP (`.universal`),
-depth's error and accuracy measures (`.depth`), the mean evaluation loss (`.common`).
+(`.segmentation`), COCO's box mAP (`.detection`), COCO's keypoint AP (`.keypoints`), panoptic
+quality and mask AP (`.universal`), depth's error and accuracy measures (`.depth`), the mean
+evaluation loss and the gathering of per-image states across processes (`.common`).
 
 Every name is imported on first use (PEP 562): importing one family's module does not import
 the others.
@@ -14,10 +15,14 @@ from vitdense.core.moved import lazy_exports
 _WHERE = {
     "WeightedMean": "vitdense.metrics.common",
     "LossMeans": "vitdense.metrics.common",
+    "WholeListGather": "vitdense.metrics.common",
     "SegmentationMetrics": "vitdense.metrics.segmentation",
     "COCO_IOU_THRESHOLDS": "vitdense.metrics.detection",
     "COCO_REC_THRESHOLDS": "vitdense.metrics.detection",
     "DetectionMeanAP": "vitdense.metrics.detection",
+    "KEYPOINT_AP_KEYS": "vitdense.metrics.keypoints",
+    "KeypointMeanAP": "vitdense.metrics.keypoints",
+    "evaluate_keypoints": "vitdense.metrics.keypoints",
     "PQ_KEYS": "vitdense.metrics.universal",
     "PanopticQuality": "vitdense.metrics.universal",
     "InstanceMeanAP": "vitdense.metrics.universal",

@@ -1,8 +1,12 @@
-"""Metrics every family shares: the mean evaluation loss (`LossMeans`, `WeightedMean`)."""
+"""Metrics every family shares: the mean evaluation loss (`LossMeans`, `WeightedMean`), and
+the gathering of per-image list states across processes (`WholeListGather`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torchmetrics import Metric
 
 from vitdense.types import Losses
@@ -97,3 +101,28 @@ class LossMeans:
             self._totals_of_terms.remove(stage)
             out = {f"{stage}/loss": torch.stack(list(out.values())).sum(), **out}
         return {key: value.float() for key, value in out.items()}
+
+
+class WholeListGather:
+    """Mixin for a torchmetrics `Metric` whose states are all lists (one entry per image): each
+    list is gathered whole from every process, in rank order, so processes may hold different
+    numbers of images.
+
+    vitdense evaluates every image once, so processes may hold different counts (7 images on
+    2 processes: 4 and 3). torchmetrics gathers a list state element by element, a collective
+    per image that then does not match across processes; here each list state is gathered
+    whole (`all_gather_object`, on the CPU). Every state is gathered in the same rank order,
+    so the i-th entries of the metric's lists still belong to one image. Put it first among
+    the bases (`class MyAP(WholeListGather, Metric)`) so that its `_sync_dist` is the one used.
+    """
+
+    def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
+        group = process_group or self.process_group
+        world = dist.get_world_size(group)
+        for attr in self._reductions:
+            # (entries that are not tensors, e.g. masks' RLE tuples, stay as they are)
+            local = [t.cpu() if isinstance(t, torch.Tensor) else t for t in getattr(self, attr)]
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, local, group=group)
+            merged = [t for part in gathered for t in part]
+            setattr(self, attr, [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in merged])

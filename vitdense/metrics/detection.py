@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torchmetrics.detection import MeanAveragePrecision
+
+from vitdense.metrics.common import WholeListGather
 
 #: COCOeval's IoU and recall thresholds, made as pycocotools' `Params.setDetParams` makes them
 #: (float64 `np.linspace`): 0.50:0.05:0.95 and 0:0.01:1
@@ -15,7 +16,7 @@ COCO_IOU_THRESHOLDS = np.linspace(0.5, 0.95, int(np.round((0.95 - 0.5) / 0.05)) 
 COCO_REC_THRESHOLDS = np.linspace(0.0, 1.00, int(np.round((1.00 - 0.0) / 0.01)) + 1, endpoint=True).tolist()
 
 
-class DetectionMeanAP(MeanAveragePrecision):
+class DetectionMeanAP(WholeListGather, MeanAveragePrecision):
     """torchmetrics' `MeanAveragePrecision` with COCOeval's own thresholds, which several
     processes can share when they hold different numbers of images.
 
@@ -27,10 +28,10 @@ class DetectionMeanAP(MeanAveragePrecision):
     equals COCOeval's run directly (tested, both backends).
 
     vitdense evaluates every image once, so processes may hold different counts (7 images
-    on 2 processes: 4 and 3). torchmetrics gathers a list state element by element, a
-    collective per image that then does not match across processes; here each list state is
-    gathered whole (`all_gather_object`, on the CPU), in rank order. AP does not depend on
-    the order of images.
+    on 2 processes: 4 and 3): each list state is gathered whole, in rank order
+    (`WholeListGather`), where torchmetrics gathers it element by element, a collective per
+    image that then does not match across processes. AP does not depend on the order of
+    images.
 
     Args: as `MeanAveragePrecision`'s; `iou_thresholds` and `rec_thresholds` default to
     COCO's (`COCO_IOU_THRESHOLDS`, `COCO_REC_THRESHOLDS`).
@@ -85,17 +86,6 @@ class DetectionMeanAP(MeanAveragePrecision):
             for key in ("ious", "precision", "recall", "scores"):
                 result.pop(key, None)
         return result
-
-    def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
-        group = process_group or self.process_group
-        world = dist.get_world_size(group)
-        for attr in self._reductions:
-            # (segm states hold the masks' RLE as tuples, which stay as they are)
-            local = [t.cpu() if isinstance(t, torch.Tensor) else t for t in getattr(self, attr)]
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, local, group=group)
-            merged = [t for part in gathered for t in part]
-            setattr(self, attr, [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in merged])
 
 
 def _mean_of_valid(values: torch.Tensor) -> torch.Tensor:
