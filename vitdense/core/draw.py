@@ -97,6 +97,30 @@ def draw_boxes(
     return np.asarray(picture)
 
 
+def draw_keypoints(
+    image: np.ndarray,
+    keypoints: np.ndarray,
+    skeleton: Sequence[tuple[int, int]],
+    colours: np.ndarray,
+    threshold: float = 0.5,
+    radius: int = 2,
+) -> np.ndarray:
+    """Each object's keypoints [n, K, 3] (x, y pixels, score or visibility) drawn over a copy
+    of `image` as dots joined by its `skeleton` (0-based index pairs), object i in
+    `colours[i]`; a keypoint scoring below `threshold` (or v = 0) is left out with its bones."""
+    picture = Image.fromarray(image)
+    draw = ImageDraw.Draw(picture)
+    for points, colour in zip(np.asarray(keypoints).reshape(len(keypoints), -1, 3), colours, strict=True):
+        colour = tuple(int(c) for c in colour)
+        shown = points[:, 2] >= threshold
+        for a, b in skeleton:
+            if shown[a] and shown[b]:
+                draw.line([tuple(points[a, :2]), tuple(points[b, :2])], fill=colour, width=max(1, radius - 1))
+        for x, y, _ in points[shown]:
+            draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=colour, outline=_ink(colour))
+    return np.asarray(picture)
+
+
 def _ink(colour: Sequence[int]) -> tuple[int, int, int]:
     """Black or white, whichever reads better on `colour`."""
     return BLACK if 0.299 * colour[0] + 0.587 * colour[1] + 0.114 * colour[2] > 140 else WHITE

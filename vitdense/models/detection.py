@@ -22,6 +22,25 @@ from vitdense.types import BoxTargets, DetectedImages, DetectionOutput, Detectio
 Selection = Literal["per_query", "top_k"]
 
 
+def select(
+    output: DetectionOutput, selection: Selection = "per_query", top_k: int = 100
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which (query, class) pairs are detections, best first (see `postprocess`): scores,
+    queries and labels, each [B, N]."""
+    probs = output.class_probs()  # [B, Q, K]
+    b, q, k = probs.shape
+    if selection == "per_query":
+        scores, labels = probs.max(-1)  # [B, Q]
+        scores, queries = scores.sort(dim=1, descending=True, stable=True)
+        labels = labels.gather(1, queries)
+    elif selection == "top_k":
+        scores, flat = probs.flatten(1).topk(min(top_k, q * k), dim=1)
+        queries, labels = flat // k, flat % k
+    else:
+        raise ConfigError(f"selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
+    return scores, queries, labels
+
+
 def postprocess(
     output: DetectionOutput,
     orig_sizes: Sequence[tuple[int, int]],
@@ -46,26 +65,35 @@ def postprocess(
 
     Returns:
         per-image lists, in fp32: boxes [k, 4], scores [k], labels [k] (sorted by score).
+        (`read_detections` also reads keypoints.)
     """
-    probs = output.class_probs()  # [B, Q, K]
-    b, q, k = probs.shape
-    if selection == "per_query":
-        scores, labels = probs.max(-1)  # [B, Q]
-        scores, queries = scores.sort(dim=1, descending=True, stable=True)
-        labels = labels.gather(1, queries)
-    elif selection == "top_k":
-        scores, flat = probs.flatten(1).topk(min(top_k, q * k), dim=1)
-        queries, labels = flat // k, flat % k
-    else:
-        raise ConfigError(f"selection={selection!r}: expected 'per_query' (DETR's) or 'top_k'")
-    boxes_all, scores_all, labels_all = [], [], []
+    found = read_detections(output, orig_sizes, selection, top_k)
+    return found.boxes, found.scores, found.labels
+
+
+def read_detections(
+    output: DetectionOutput,
+    orig_sizes: Sequence[tuple[int, int]],
+    selection: Selection = "per_query",
+    top_k: int = 100,
+    index: torch.Tensor | None = None,
+) -> Detections:
+    """`postprocess` as `Detections` (`index` [B], default 0..B-1), with each detection's
+    keypoints [k, K, 3] when the head predicts them: (x, y) at the original (H0, W0) and the
+    keypoint's score, its findable probability (RF-DETR's reading)."""
+    scores, queries, labels = select(output, selection, top_k)
+    boxes_all, keypoints_all = [], []
     for i, (height, width) in enumerate(orig_sizes):
         xyxy = box_convert(output.boxes[i, queries[i]].float(), "cxcywh", "xyxy")
         scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=xyxy.device)
         boxes_all.append(xyxy * scale)
-        scores_all.append(scores[i])
-        labels_all.append(labels[i])
-    return boxes_all, scores_all, labels_all
+        if output.keypoints is not None:
+            keypoints = output.keypoints[i, queries[i]].float()  # [k, K, 7]
+            keypoints_all.append(torch.cat([keypoints[..., :2] * scale[:2], keypoints[..., 2:3].sigmoid()], -1))
+    index = torch.arange(len(orig_sizes)) if index is None else index
+    return Detections(
+        index, boxes_all, list(scores), list(labels), keypoints_all if output.keypoints is not None else None
+    )
 
 
 class DETRDetector(nn.Module):
@@ -118,6 +146,10 @@ class DETRDetector(nn.Module):
         """Per image, boxes [k, 4] (x1, y1, x2, y2) at its (H0, W0), scores [k] and labels [k]."""
         return postprocess(output, orig_sizes, self.selection, self.top_k)
 
+    def detections(self, output: DetectionOutput, orig_sizes: Sequence[Size], index: torch.Tensor) -> Detections:
+        """`postprocess` as `Detections` of the images `index`, with keypoints if the head predicts them."""
+        return read_detections(output, orig_sizes, self.selection, self.top_k, index)
+
     @torch.no_grad()
     def detect(
         self, images: torch.Tensor, image_sizes: ImageSizes | None = None, orig_sizes: Sequence[Size] | None = None
@@ -129,11 +161,15 @@ class DETRDetector(nn.Module):
             image_sizes = ImageSizes.full(images.shape[0], images.shape[-2:])
         return self.postprocess(self(images, image_sizes), orig_sizes or image_sizes.sizes)
 
-    export_names: ClassVar[tuple[str, ...]] = ("boxes", "scores", "labels")
+    @property
+    def export_names(self) -> tuple[str, ...]:
+        """The graph's outputs: boxes, scores, labels, and keypoints with a keypoint head."""
+        return ("boxes", "scores", "labels") + (("keypoints",) if getattr(self.head, "num_keypoints", 0) else ())
 
     def export_outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """boxes [B, N, 4] (x1, y1, x2, y2) pixels of the input, scores [B, N], labels [B, N],
-        best first: `postprocess` as tensor operations, for the graph."""
+        best first, and with a keypoint head keypoints [B, N, K, 3] (x, y pixels, score):
+        `read_detections` as tensor operations, for the graph."""
         output = self(images)
         probs = output.class_probs()  # [B, Q, K]
         _, q, k = probs.shape
@@ -151,7 +187,12 @@ class DETRDetector(nn.Module):
         # the scale built from the sizes by tensor ops: symbolic sizes stay symbolic in the graph
         scale = torch.ones(4, device=images.device)
         scale = torch.cat([scale[:1] * width, scale[1:2] * height, scale[2:3] * width, scale[3:] * height])
-        return xyxy * scale, scores, labels
+        if output.keypoints is None:
+            return xyxy * scale, scores, labels
+        keypoints = output.keypoints.float()
+        keypoints = keypoints.gather(1, queries[..., None, None].expand(-1, -1, *keypoints.shape[2:]))
+        keypoints = torch.cat([keypoints[..., :2] * scale[:2], keypoints[..., 2:3].sigmoid()], -1)
+        return xyxy * scale, scores, labels, keypoints
 
 
 @dataclass(frozen=True)
@@ -173,5 +214,4 @@ class DetectorInference:
         return DetectedImages.unlabeled(image, size, index)
 
     def predict(self, model: DETRDetector, batch: Any) -> Detections:
-        boxes, scores, labels = model.postprocess(model(batch.image, batch.image_sizes), batch.orig_sizes)
-        return Detections(batch.index, boxes, scores, labels)
+        return model.detections(model(batch.image, batch.image_sizes), batch.orig_sizes, batch.index)

@@ -1,5 +1,6 @@
-"""Detection's result: boxes [k, 4] (x1, y1, x2, y2) in pixels, scores and labels; detections.json
-(COCO results) and drawn/."""
+"""Detection's result: boxes [k, 4] (x1, y1, x2, y2) in pixels, scores and labels, and with a
+keypoint model each detection's keypoints; detections.json (COCO results, keypoint results
+with keypoints) and drawn/."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
-from vitdense.core.draw import default_palette, draw_boxes
+from vitdense.core.draw import default_palette, draw_boxes, draw_keypoints
 from vitdense.results.common import Origin, ResultContext, Size, WriteOptions
+from vitdense.types.keypoints import KeypointSchema
+
+#: COCO keypoint results, written beside detections.json by a keypoint model's `predict`
+KEYPOINTS_TABLE = "keypoints.json"
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,10 @@ class DetectionResult(Origin):
         size: the image's (H, W) as given (upright).
         category_ids: the dataset's own id of each class (COCO's 1..90), when it has them.
         palette: [K, 3] uint8 class colours for `draw` (None: fixed random ones).
+        keypoints: with a keypoint model, [k, K, 3] float32 per detection and keypoint: (x,
+            y) pixels of the image as given and the keypoint's score (its probability of
+            being placed, "findable"); else None.
+        keypoint_schema: the keypoints' names and skeleton (with `keypoints`).
         (and `Origin`'s source, image_id, file_name)
     """
 
@@ -40,13 +49,17 @@ class DetectionResult(Origin):
     size: Size
     category_ids: list[int] | None = None
     palette: np.ndarray | None = field(default=None, kw_only=True, repr=False)
+    keypoints: np.ndarray | None = field(default=None, kw_only=True)
+    keypoint_schema: KeypointSchema | None = field(default=None, kw_only=True, repr=False)
 
     @classmethod
     def from_prediction(cls, prediction: Any, context: ResultContext) -> list[DetectionResult]:
-        """`Detections` (per image boxes [k, 4] xyxy at its original size, scores, labels) -> B results."""
+        """`Detections` (per image boxes [k, 4] xyxy at its original size, scores, labels, and
+        keypoints [k, K, 3] or None) -> B results."""
         names = list(context.class_names)
         ids = context.labels.category_ids
         palette = context.labels.colours(len(names))
+        keypoints = getattr(prediction, "keypoints", None) or [None] * len(prediction.boxes)
         return [
             cls(
                 boxes.float().cpu().numpy(),
@@ -56,10 +69,12 @@ class DetectionResult(Origin):
                 tuple(size),
                 list(ids) if ids else None,
                 palette=palette,
+                keypoints=points.float().cpu().numpy() if points is not None else None,
+                keypoint_schema=context.labels.keypoints if points is not None else None,
                 **context.origin(i),
             )
-            for i, (boxes, scores, labels, size) in enumerate(
-                zip(prediction.boxes, prediction.scores, prediction.labels, context.sizes, strict=True)
+            for i, (boxes, scores, labels, points, size) in enumerate(
+                zip(prediction.boxes, prediction.scores, prediction.labels, keypoints, context.sizes, strict=True)
             )
         ]
 
@@ -73,14 +88,22 @@ class DetectionResult(Origin):
     def above(self, threshold: float) -> DetectionResult:
         """The detections scoring at least `threshold`."""
         keep = self.scores >= threshold
-        return replace(self, boxes=self.boxes[keep], scores=self.scores[keep], labels=self.labels[keep])
+        keypoints = self.keypoints[keep] if self.keypoints is not None else None
+        return replace(
+            self, boxes=self.boxes[keep], scores=self.scores[keep], labels=self.labels[keep], keypoints=keypoints
+        )
 
     def draw(self, image: np.ndarray | Image.Image, palette: np.ndarray | None = None) -> np.ndarray:
-        """[H, W, 3] uint8: `image` with the boxes drawn, named and scored (filter first with `above`)."""
+        """[H, W, 3] uint8: `image` with the boxes drawn, named and scored, and their keypoints
+        scoring at least 0.5 joined by the skeleton (filter first with `above`)."""
         pixels = np.asarray(image.convert("RGB") if isinstance(image, Image.Image) else image)
         colours = palette if palette is not None else self.palette
         colours = colours if colours is not None else default_palette(len(self.class_names))
-        return draw_boxes(pixels, self.boxes, self.labels.tolist(), self.class_names, colours, self.scores.tolist())
+        drawn = draw_boxes(pixels, self.boxes, self.labels.tolist(), self.class_names, colours, self.scores.tolist())
+        if self.keypoints is None:
+            return drawn
+        skeleton = self.keypoint_schema.skeleton if self.keypoint_schema is not None else ()
+        return draw_keypoints(drawn, self.keypoints, skeleton, colours[self.labels % len(colours)])
 
     def write(self, folder: Path, name: str, options: WriteOptions) -> None:
         """With `options.pictures`, `<name>.jpg`: the image with its boxes from
@@ -94,25 +117,46 @@ class DetectionResult(Origin):
 
     def rows(self) -> list[dict[str, Any]]:
         """COCO results entries (what `COCO.loadRes` reads): `image_id`, the dataset's
-        `category_id` (1..K without ids), `bbox` [x, y, width, height] pixels, `score`; and
-        the image's `file_name` when it came from a folder."""
+        `category_id` (1..K without ids), `bbox` [x, y, width, height] pixels, `score`, with
+        a keypoint model `keypoints` [x1, y1, s1, x2, ...] (COCO's keypoint results; COCOeval
+        reads x and y, the third is each keypoint's score); and the image's `file_name` when
+        it came from a folder."""
         ids = self.category_ids or list(range(1, len(self.class_names) + 1))
         named = {"file_name": self.file_name} if self.file_name is not None else {}
         xywh = np.concatenate([self.boxes[:, :2], self.boxes[:, 2:] - self.boxes[:, :2]], axis=1)
-        return [
+        rows = [
             {"image_id": self.image_id, "category_id": ids[label], "bbox": box, "score": score, **named}
             for box, score, label in zip(xywh.tolist(), self.scores.tolist(), self.labels.tolist(), strict=True)
         ]
+        if self.keypoints is not None:
+            for row, points in zip(rows, self.keypoints.reshape(len(rows), -1).tolist(), strict=True):
+                row["keypoints"] = points
+        return rows
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:
+        """`path` (detections.json): the rows as they are; with keypoints also keypoints.json
+        beside it, COCO's keypoint results (`image_id`, `category_id`, `keypoints`, `score`):
+        without the `bbox`, which `COCO.loadRes` would otherwise read first, taking each
+        detection's area from its box rather than from its keypoints' extent as COCO's own
+        keypoint evaluation does (so AP_medium / AP_large would differ)."""
         path.write_text(json.dumps(rows))
+        if rows and "keypoints" in rows[0]:
+            keypoint_rows = [{k: v for k, v in row.items() if k != "bbox"} for row in rows]
+            path.with_name(KEYPOINTS_TABLE).write_text(json.dumps(keypoint_rows))
 
     def to_dict(self) -> dict[str, Any]:
         detections = []
-        for box, score, label in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), strict=True):
+        for i, (box, score, label) in enumerate(
+            zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), strict=True)
+        ):
             found = {"box": box, "score": score, "class": label, "name": self.class_names[label]}
             if self.category_ids is not None:
                 found["category_id"] = self.category_ids[label]
+            if self.keypoints is not None:
+                found["keypoints"] = self.keypoints[i].tolist()  # K x [x, y, score]
             detections.append(found)
-        return {"task": "detection", "size": list(self.size), "source": self.source, "detections": detections}
+        out = {"task": "detection", "size": list(self.size), "source": self.source, "detections": detections}
+        if self.keypoint_schema is not None:
+            out["keypoint_names"] = list(self.keypoint_schema.names)
+        return out

@@ -148,8 +148,7 @@ class DetectionTask(BaseTask):
             raise NonFiniteError(f"{stage} sample {int(index)} of the dataset, {err}", err.image, err.query) from None
 
     def detections(self, output: DetectionOutput, batch: DetectedImages) -> Detections:
-        boxes, scores, labels = self.model.postprocess(output, batch.orig_sizes)
-        return Detections(batch.index, boxes, scores, labels)
+        return self.model.detections(output, batch.orig_sizes, batch.index)
 
     def update_metrics(
         self, metrics: MetricCollection, output: DetectionOutput, batch: DetectedImages, stage: Stage
