@@ -158,7 +158,7 @@ def bench_sliced(args: argparse.Namespace) -> list[tuple[str, dict[str, float]]]
         for name, slicing in rows[1:]:
             start = time.perf_counter()
             parts = tiles + whole if slicing.perform_standard_pred else tiles
-            boxes, scores, labels = merge_tiles(parts, scene.pixels.shape[:2], slicing)
+            boxes, scores, labels, _ = merge_tiles(parts, scene.pixels.shape[:2], slicing)
             seconds[name] += (
                 time.perf_counter() - start + tiles_time + (whole_time if slicing.perform_standard_pred else 0)
             )

@@ -419,7 +419,8 @@ def predict_sliced(task: Any, batch: SlicedImages) -> Detections | InstancePredi
     found = [_predict_one(task, image) for image in batch.images]
     if all(isinstance(f, InstanceMasks) for f in found) and found:
         return InstancePrediction(batch.index, found)
-    return Detections(batch.index, [f[0] for f in found], [f[1] for f in found], [f[2] for f in found])
+    keypoints = [f[3] for f in found] if found and found[0][3] is not None else None
+    return Detections(batch.index, [f[0] for f in found], [f[1] for f in found], [f[2] for f in found], keypoints)
 
 
 def _predict_one(task: Any, image: SlicedImage) -> tuple[torch.Tensor, ...] | InstanceMasks:
@@ -455,33 +456,49 @@ def merge_tiles(
     parts: list[tuple[Any, list[int]]], size: tuple[int, int], slicing: Slicing
 ) -> tuple[torch.Tensor, ...] | InstanceMasks:
     """`predict_tiles`' parts as one prediction of the image of `size` (H, W): (boxes [k, 4],
-    scores [k], labels [k]) or `InstanceMasks`, merged as `slicing` says."""
+    scores [k], labels [k], keypoints [k, K, 3] or None) or `InstanceMasks`, merged as
+    `slicing` says. A merged detection's keypoint is, of its members' (each tile's view of
+    the object), the one scored highest: the tile that saw it whole, where a tile's border
+    cut the object."""
     if parts and isinstance(parts[0][0], InstanceMasks):
         return _merge_instances(parts, size, slicing)
-    boxes, scores, labels = _gather_boxes(parts, slicing.confidence_threshold)
+    boxes, scores, labels, keypoints = _gather_boxes(parts, slicing.confidence_threshold)
     merged = merge_boxes(boxes, scores, labels, slicing)
-    return merged.boxes, merged.scores, merged.labels
+    if keypoints is None:
+        return merged.boxes, merged.scores, merged.labels, None
+    merged_keypoints = keypoints.new_zeros(len(merged.members), *keypoints.shape[1:])
+    for k, member in enumerate(merged.members):
+        views = keypoints[member]  # [m, K, 3]
+        best = views[..., 2].argmax(0)  # per keypoint, the member scoring it highest
+        merged_keypoints[k] = views.gather(0, best[None, :, None].expand(1, -1, 3))[0]
+    return merged.boxes, merged.scores, merged.labels, merged_keypoints
 
 
 def _one(prediction: Any, j: int) -> Any:
     if isinstance(prediction, InstancePrediction):
         return prediction.instances[j]
     if isinstance(prediction, Detections):
-        return prediction.boxes[j], prediction.scores[j], prediction.labels[j]
+        keypoints = prediction.keypoints[j] if prediction.keypoints is not None else None
+        return prediction.boxes[j], prediction.scores[j], prediction.labels[j], keypoints
     raise ConfigError(f"slicing: the task's predict_step returned {type(prediction).__name__}, not boxes or instances")
 
 
-def _gather_boxes(parts: list, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gather_boxes(
+    parts: list, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Every tile's boxes scoring at least `threshold`, clipped to the tile (as SAHI's model
-    wrappers clip them to the image they saw) and shifted into the image's frame."""
-    boxes, scores, labels = [], [], []
-    for (b, sc, lab), (x, y, width, height) in parts:
+    wrappers clip them to the image they saw) and shifted into the image's frame, with their
+    keypoints (shifted, not clipped: a predicted keypoint may lie beyond the tile) or None."""
+    boxes, scores, labels, keypoints = [], [], [], []
+    for (b, sc, lab, points), (x, y, width, height) in parts:
         keep = sc >= threshold
         clipped = clip_boxes_to_image(b[keep].float().cpu(), (height, width))
         boxes.append(clipped + torch.tensor([x, y, x, y], dtype=torch.float32))
         scores.append(sc[keep].float().cpu())
         labels.append(lab[keep].cpu())
-    return torch.cat(boxes), torch.cat(scores), torch.cat(labels)
+        if points is not None:
+            keypoints.append(points[keep].float().cpu() + torch.tensor([x, y, 0], dtype=torch.float32))
+    return torch.cat(boxes), torch.cat(scores), torch.cat(labels), torch.cat(keypoints) if keypoints else None
 
 
 def _merge_instances(parts: list, size: tuple[int, int], s: Slicing) -> InstanceMasks:

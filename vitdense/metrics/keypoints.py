@@ -98,6 +98,7 @@ class KeypointMeanAP(WholeListGather, Metric):
         sigmas: the K per-keypoint OKS constants (`KeypointSchema.sigmas`); None is refused with
             a message saying where they come from.
         max_detections: detections per image evaluated, the best scored (COCOeval's 20).
+        key_prefix: put before each figure's name (`"keypoint_"` beside the box metric's `map`).
         (and torchmetrics' `Metric` options: compute_on_cpu, process_group, ...)
     """
 
@@ -109,10 +110,12 @@ class KeypointMeanAP(WholeListGather, Metric):
         self,
         sigmas: Sequence[float] | None,
         max_detections: int = COCO_KEYPOINT_MAX_DETECTIONS,
+        key_prefix: str = "",
         **kwargs: Any,  # torchmetrics' `Metric` options (compute_on_cpu, process_group, ...)
     ) -> None:
         super().__init__(**kwargs)
         self.sigmas = checked_sigmas(sigmas)
+        self.key_prefix = key_prefix
         if max_detections < 1:
             raise ValueError(f"KeypointMeanAP: max_detections must be at least 1, got {max_detections}")
         self.max_detections = int(max_detections)
@@ -151,7 +154,8 @@ class KeypointMeanAP(WholeListGather, Metric):
             ground_truth, results = self.coco_inputs()
             stats = run_cocoeval(_coco(ground_truth), results, self.sigmas, self.max_detections)
         return {
-            key: torch.tensor(value, dtype=torch.float64) for key, value in zip(KEYPOINT_AP_KEYS, stats, strict=True)
+            self.key_prefix + key: torch.tensor(value, dtype=torch.float64)
+            for key, value in zip(KEYPOINT_AP_KEYS, stats, strict=True)
         }
 
     def coco_inputs(self) -> tuple[dict[str, list], list[dict[str, Any]]]:

@@ -26,12 +26,13 @@ from vitdense.deploy.slicing import SlicedImages, predict_sliced
 from vitdense.heads.detr import DETRHead
 from vitdense.losses import SetCriterion
 from vitdense.metrics.detection import DetectionMeanAP
+from vitdense.metrics.keypoints import KEYPOINT_AP_KEYS, KeypointMeanAP
 from vitdense.models.detection import DetectorInference, DETRDetector, Selection
 from vitdense.results.detection import DetectionResult
-from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
 from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
-from vitdense.types import DetectedImages, DetectionOutput, Detections, Losses, Size
+from vitdense.types import DetectedImages, DetectionOutput, Detections, KeypointSchema, Losses, Size
 
 #: the loss from the number of classes K: `criterion(num_classes)`; in YAML a class_path
 #: (+ init_args, e.g. eos_coef, a matcher), default `SetCriterion` with DETR's settings
@@ -52,6 +53,10 @@ MAP_KEYS = (
     "mar_medium",
     "mar_large",
 )
+
+
+#: the keypoint figures' names beside the box metric's (`{stage}/keypoint_map`, ...)
+KEYPOINT_KEYS = tuple(f"keypoint_{k}" for k in KEYPOINT_AP_KEYS)
 
 
 def map_backend() -> str:
@@ -87,6 +92,11 @@ class DetectionTask(BaseTask):
             tables) or `"top_k"` (the `top_k` best (query, class) pairs per image, as
             Deformable DETR and its successors do). See `postprocess`.
         top_k: detections kept per image with `selection="top_k"`.
+        keypoint_schema: with a keypoint head (the head's `num_keypoints` > 0), the objects'
+            keypoints as plain data (`KeypointSchema.to_dict()`); None: the DataModule's
+            `keypoint_schema`, read at setup and recorded, so checkpoints keep it. With it,
+            evaluation also gives COCO's keypoint AP (OKS with the schema's sigmas, as
+            COCOeval's iouType="keypoints"): `{stage}/keypoint_map`, `keypoint_map_50`, ...
         (the rest: see `BaseTask`)
     """
 
@@ -103,6 +113,7 @@ class DetectionTask(BaseTask):
         criterion: CriterionFactory | None = None,
         selection: Selection = "per_query",
         top_k: int = 100,
+        keypoint_schema: dict[str, Any] | None = None,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
         optimizer: OptimizerCallable = DEFAULT_OPTIMIZER,
         lr_scheduler: LRSchedulerCallable = DEFAULT_LR_SCHEDULER,
@@ -111,6 +122,7 @@ class DetectionTask(BaseTask):
     ) -> None:
         # read by build_model, which the base calls (the model checks them)
         self._selection, self._top_k = selection, top_k
+        self.keypoint_schema = KeypointSchema.from_dict(keypoint_schema) if keypoint_schema else None
         super().__init__(
             num_classes=num_classes,
             head=head or DETRHead,
@@ -128,12 +140,53 @@ class DetectionTask(BaseTask):
     def build_model(self, backbone: VisionTransformer, head: nn.Module) -> DETRDetector:
         return DETRDetector(backbone, head, self._selection, self._top_k)
 
+    @property
+    def num_keypoints(self) -> int:
+        """K keypoints the head predicts per object (0: none)."""
+        return getattr(self.head, "num_keypoints", 0)
+
     def configure_metrics(self) -> MetricCollection:
         # COCO's evaluation runs on the CPU in fp32 (compute_on_cpu keeps the states there)
         mean_ap = DetectionMeanAP(
             box_format="xyxy", iou_type="bbox", class_metrics=True, backend=map_backend(), compute_on_cpu=True
         )
-        return MetricCollection({"map": mean_ap})
+        metrics = {"map": mean_ap}
+        if self.keypoint_schema is not None and self.num_keypoints:
+            try:
+                metrics["keypoints"] = KeypointMeanAP(
+                    self.keypoint_schema.sigmas, key_prefix="keypoint_", compute_on_cpu=True
+                )
+            except ValueError as err:
+                raise ConfigError(f"{err} (data.init_args.keypoint_sigmas)") from None
+        return MetricCollection(metrics)
+
+    def setup(self, stage: str) -> None:
+        """A keypoint head's schema from the data when the task was not given one (recorded in
+        the hyperparameters, so that checkpoints keep it), checked against the head."""
+        super().setup(stage)
+        if not self.num_keypoints:
+            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        found = getattr(datamodule, "keypoint_schema", None)
+        schema = self.keypoint_schema or found
+        if schema is None:
+            if stage == "predict":
+                return  # predicting needs no schema (names and skeleton only draw and label)
+            raise ConfigError(
+                f"the head predicts {self.num_keypoints} keypoints per object but the data declares none: train on "
+                "keypoint data (COCO person_keypoints JSON, YOLO-pose folders), or set the head's num_keypoints to 0"
+            )
+        if schema.num_keypoints != self.num_keypoints:
+            raise ConfigError(
+                f"the head predicts {self.num_keypoints} keypoints per object but the data's objects have "
+                f"{schema.num_keypoints} ({', '.join(schema.names)}): set the head's num_keypoints to "
+                f"{schema.num_keypoints}"
+            )
+        if self.keypoint_schema is None:
+            self.keypoint_schema = schema
+            self.hparams["keypoint_schema"] = schema.to_dict()
+            metrics = self.configure_metrics()
+            self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
 
     def forward_batch(self, batch: DetectedImages, stage: Stage) -> DetectionOutput:
         if stage == "train":  # (a head with denoising queries builds them from the targets)
@@ -170,14 +223,26 @@ class DetectionTask(BaseTask):
             for t in batch.eval_targets
         ]
         metrics["map"].update(preds, targets)
+        if "keypoints" in metrics:
+            if any(t.keypoints is None for t in batch.eval_targets):
+                raise ConfigError(f"the {stage} split's annotations carry no keypoints to evaluate the head's against")
+            for pred, target, points, truth in zip(preds, targets, found.keypoints, batch.eval_targets, strict=True):
+                pred["keypoints"], target["keypoints"] = points.cpu(), truth.keypoints.float().cpu()
+            metrics["keypoints"].update(preds, targets)
 
     def summarize(self, result: dict[str, Any], stage: Stage) -> dict[str, torch.Tensor]:
-        return {f"{stage}/{k}": result[f"{stage}/{k}"] for k in MAP_KEYS if f"{stage}/{k}" in result}
+        keys = (*MAP_KEYS, *KEYPOINT_KEYS)
+        return {f"{stage}/{k}": result[f"{stage}/{k}"] for k in keys if f"{stage}/{k}" in result}
 
     def format_table(self, result: dict[str, Any], stage: Stage) -> str:
-        """COCO's summary line and AP / AR@100 per class (-1: the class has no ground truth)."""
+        """COCO's summary line (and its keypoint one) and AP / AR@100 per class (-1: the class
+        has no ground truth)."""
         summary = "  ".join(f"{k} {100 * result[f'{stage}/{k}'].item():.2f}" for k in ("map", "map_50", "map_75"))
-        rows = [f"{stage} epoch {self.current_epoch}: {summary}", f"{'class':<24}{'AP':>8}{'AR@100':>8}"]
+        rows = [f"{stage} epoch {self.current_epoch}: {summary}"]
+        if f"{stage}/keypoint_map" in result:
+            keys = ("keypoint_map", "keypoint_map_50", "keypoint_map_75")
+            rows.append("keypoints: " + "  ".join(f"{k[9:]} {100 * result[f'{stage}/{k}'].item():.2f}" for k in keys))
+        rows.append(f"{'class':<24}{'AP':>8}{'AR@100':>8}")
         classes = result[f"{stage}/classes"].reshape(-1).tolist()
         ap = result[f"{stage}/map_per_class"].reshape(-1).tolist()
         ar = result[f"{stage}/mar_100_per_class"].reshape(-1).tolist()
@@ -193,11 +258,15 @@ class DetectionTask(BaseTask):
         for i, (image, size) in enumerate(zip(pixels, batch.orig_sizes, strict=True)):
             truth = batch.eval_targets[i] if batch.eval_targets is not None else None
             if truth is not None:  # the original annotations, crowds included
-                truth_boxes, truth_labels = truth.boxes, truth.labels
+                truth_boxes, truth_labels, truth_keypoints = truth.boxes, truth.labels, truth.keypoints
             else:  # training targets: (cx, cy, w, h) in [0, 1] of the image
                 scale = torch.tensor([size[1], size[0], size[1], size[0]], device=batch.targets[i].boxes.device)
                 truth_boxes = box_convert(batch.targets[i].boxes, "cxcywh", "xyxy") * scale
                 truth_labels = batch.targets[i].labels
+                truth_keypoints = batch.targets[i].keypoints
+                if truth_keypoints is not None:
+                    truth_keypoints = truth_keypoints * torch.cat([scale[:2], scale.new_ones(1)])
+            with_keypoints = found.keypoints is not None and truth_keypoints is not None
             pictures.append(
                 draw_detected(
                     resize(image, size),
@@ -208,6 +277,9 @@ class DetectionTask(BaseTask):
                     found.labels[i].tolist(),
                     palette,
                     self.class_names,
+                    truth_keypoints=truth_keypoints.float().cpu().numpy() if with_keypoints else None,
+                    keypoints=found.keypoints[i].float().cpu().numpy() if with_keypoints else None,
+                    skeleton=self.keypoint_schema.skeleton if self.keypoint_schema is not None else (),
                 )
             )
         return pictures

@@ -16,6 +16,7 @@ from vitdense.core.draw import (
     caption,
     display_size,
     draw_boxes,
+    draw_keypoints,
     draw_segments,
     hstack,
     legend,
@@ -88,9 +89,14 @@ def draw_detected(
     palette: np.ndarray,
     class_names: Sequence[str],
     score_threshold: float = 0.3,
+    truth_keypoints: np.ndarray | None = None,
+    keypoints: np.ndarray | None = None,
+    skeleton: Sequence[tuple[int, int]] = (),
 ) -> np.ndarray:
     """Ground-truth boxes | predicted boxes with class names and scores (those of at least
-    `score_threshold`), over the image at the boxes' size.
+    `score_threshold`), over the image at the boxes' size; with keypoints ([n, K, 3] / [k,
+    K, 3]: x, y, v or score) their skeletons too (labelled ones; predicted ones scoring at
+    least 0.5).
 
     image [h, w, 3] uint8 resized to the boxes' image; boxes [n, 4] absolute x1, y1, x2, y2.
     """
@@ -107,6 +113,12 @@ def draw_detected(
         palette,
         scores=[scores[i] for i in keep],
     )
+    if truth_keypoints is not None and keypoints is not None:
+        at_scale = np.asarray([scale, scale, 1.0], dtype=np.float32)
+        colours = palette[np.asarray(list(truth_labels), dtype=np.int64) % len(palette)]
+        truth = draw_keypoints(truth, np.asarray(truth_keypoints) * at_scale, skeleton, colours, threshold=1)
+        colours = palette[np.asarray([labels[i] for i in keep], dtype=np.int64) % len(palette)]
+        predicted = draw_keypoints(predicted, np.asarray(keypoints)[keep] * at_scale, skeleton, colours)
     return hstack(
         [
             caption(truth, [(f"ground truth ({len(truth_labels)})", (0, 0, 0))]),
