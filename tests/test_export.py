@@ -13,7 +13,7 @@ import torch
 from vitdense.cli import main
 from vitdense.deploy.export import describe, dynamic_lines, exportable, save, trace
 from vitdense.deploy.runtimes import compile_openvino, onnx_to_openvino, to_half
-from vitdense.models.detection import postprocess
+from vitdense.models.detection import read_detections
 from vitdense.tasks import BackboneConfig, ClassificationTask, DetectionTask, LinearProbeTask, SegmentationTask
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -39,7 +39,8 @@ def tiny_models():
         "seg": SegmentationTask(num_classes=3, backbone=BACKBONE).model,
         # RoPE (DINOv3: registers, no position table), dynamic in ONNX
         "seg_dinov3": SegmentationTask(num_classes=3, backbone=DINOV3).model,
-        "det": DetectionTask(num_classes=3, head=detr, backbone=BACKBONE).model,
+        # (with keypoints: a fourth output, each detection's [K, 3])
+        "det": DetectionTask(num_classes=3, head=partial(detr, num_keypoints=3), backbone=BACKBONE).model,
         "lwdetr": DetectionTask(
             num_classes=3,
             head=partial(
@@ -71,7 +72,9 @@ def eager(task: str, model, images: torch.Tensor) -> list[np.ndarray]:
         if task.startswith("seg"):
             return [model(x).numpy()]
         sizes = [tuple(images.shape[-2:])] * len(images)
-        return [torch.stack(out).numpy() for out in postprocess(model(x), sizes, model.selection, model.top_k)]
+        found = read_detections(model(x), sizes, model.selection, model.top_k)
+        outputs = [found.boxes, found.scores, found.labels] + ([found.keypoints] if found.keypoints else [])
+        return [torch.stack(out).numpy() for out in outputs]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +86,7 @@ def exported(tmp_path_factory):
         model.eval()
         wrapper = exportable(model, MEAN, STD)
         traced = trace(wrapper, *SIZES[0])
-        names = ["boxes", "scores", "labels"] if task in ("det", "lwdetr") else ["out"]
+        names = list(model.export_names) if task in ("det", "lwdetr") else ["out"]
         written = {}
         for fmt in ("onnx", "pt2"):
             # (the command's own check at another size is test_the_command_exports_a_checkpoint's: here
