@@ -1,19 +1,24 @@
 """COCO-format detection data as a DataModule (`COCODataModule`): COCO 2017, or anyone's
-own images + COCO JSON in COCO's layout. The format itself (reading and checking the JSON,
-writing results) is `vitdense.data.coco_json`.
+own images + COCO JSON in COCO's layout, with or without keypoints. The format itself
+(reading and checking the JSON, writing results) is `vitdense.data.coco_json`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vitdense.core.errors import DataError
 from vitdense.data.base import LoaderConfig, Triple
 
 # (CocoIndex and load_coco are re-exported: they lived here)
-from vitdense.data.coco_json import LAYOUT, CocoIndex, load_coco, read_categories  # noqa: F401
+from vitdense.data.coco_json import LAYOUT, CocoIndex, load_coco, read_categories, read_header  # noqa: F401
 from vitdense.data.detection import DetectionDataModule
+from vitdense.data.keypoints import override_schema
 from vitdense.data.transforms.detection import DETR_SCALES
+
+if TYPE_CHECKING:
+    from vitdense.types.keypoints import KeypointSchema
 
 #: DETR's 2 images per GPU
 COCO_LOADER = LoaderConfig(batch_size=2)
@@ -23,7 +28,10 @@ class COCODataModule(DetectionDataModule):
     """COCO 2017, or any dataset in its layout (images + COCO JSON per split).
 
     The class count and names come from the validation JSON's categories, read at
-    construction so that the CLI can give them to the task.
+    construction so that the CLI can give them to the task; so does `keypoint_schema` for a
+    keypoint JSON (`person_keypoints_*.json`: categories with `keypoints` and `skeleton`),
+    whose samples then carry keypoints (`CocoDetection`). Every split must list the same
+    categories and keypoints.
 
     Args:
         root: dataset folder.
@@ -33,6 +41,11 @@ class COCODataModule(DetectionDataModule):
         categories: {category id: name}; None: the validation JSON's (a checkpoint records
             them, so that predicting on a folder of images needs no annotations). When
             given, every split's JSON must list the same.
+        keypoint_sigmas: the K OKS sigmas of a keypoint dataset, in place of the JSON's
+            (COCOeval's person sigmas when its keypoints are COCO's 17, else none: keypoint
+            AP needs them).
+        flip_index: for each keypoint, the index of its mirror image in a flipped image, in
+            place of the one the names give (`left_x` <-> `right_x`, others unchanged).
         img_size, scales, max_size, crop_scales, crop_size, eval_short_side, square_resize:
             see `DetectionDataModule`.
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
@@ -49,6 +62,8 @@ class COCODataModule(DetectionDataModule):
         test_images: str | None = None,
         test_annotations: str | None = None,
         categories: dict[int, str] | None = None,
+        keypoint_sigmas: list[float] | None = None,
+        flip_index: list[int] | None = None,
         img_size: int = 224,
         scales: list[int] = list(DETR_SCALES),  # noqa: B006 (jsonargparse reads the default)
         max_size: int | None = 1333,
@@ -82,6 +97,7 @@ class COCODataModule(DetectionDataModule):
             "val": (val_images, val_annotations),
             "test": (test_images or val_images, test_annotations or val_annotations),
         }
+        self.keypoint_sigmas, self.flip_index = keypoint_sigmas, flip_index
         if categories is None:
             self.category_ids, self.class_names = self.read_categories()
         else:
@@ -95,7 +111,8 @@ class COCODataModule(DetectionDataModule):
         return self.root / self.splits[split][1]
 
     def read_categories(self) -> tuple[list[int], list[str]]:
-        """The dataset's categories, from the validation JSON."""
+        """The dataset's categories, from the validation JSON (and its `keypoint_schema`, read
+        with them)."""
         path = self.annotation_path("val")
         if not path.is_file():
             raise FileNotFoundError(
@@ -103,14 +120,17 @@ class COCODataModule(DetectionDataModule):
                 "(COCO 2017: download, check and extract it with `python data_scripts/coco.py --out "
                 f"{self.root}`), or point data.init_args.root at your dataset"
             )
-        return read_categories(path)
+        ids, names, schema = read_header(path)
+        self.keypoint_schema = override_schema(schema, self.keypoint_sigmas, self.flip_index, str(path))
+        return ids, names
 
     @property
     def train_location(self) -> str:
         return str(self.annotation_path("train"))
 
     def index(self, split: str) -> CocoIndex:
-        """The split's checked JSON (read once); its categories must be the validation set's."""
+        """The split's checked JSON (read once); its categories and keypoints must be the
+        validation set's."""
         if split not in self.indexes:
             images, _ = self.splits[split]
             index = load_coco(self.annotation_path(split), self.root / images)
@@ -119,5 +139,20 @@ class COCODataModule(DetectionDataModule):
                     f"{index.annotation_file}: its categories differ from {self.annotation_path('val')}'s; "
                     "every split must list the same categories"
                 )
+            index.keypoint_schema = override_schema(
+                index.keypoint_schema, self.keypoint_sigmas, self.flip_index, str(index.annotation_file)
+            )
+            if self.keypoint_schema is None:
+                self.keypoint_schema = index.keypoint_schema
+            elif index.keypoint_schema != self.keypoint_schema:
+                raise DataError(
+                    f"{index.annotation_file}: its keypoints ({_described(index.keypoint_schema)}) differ from "
+                    f"{self.annotation_path('val')}'s ({_described(self.keypoint_schema)}); every split must list "
+                    "the same keypoints"
+                )
             self.indexes[split] = index
         return self.indexes[split]
+
+
+def _described(schema: KeypointSchema | None) -> str:
+    return "none" if schema is None else f"{schema.num_keypoints}: {', '.join(schema.names)}"

@@ -15,6 +15,11 @@ annotations are left out of the training targets but kept in the evaluation targ
 (COCOeval ignores detections that fall on them); each annotation's own `area` decides
 small/medium/large. Training boxes are clipped to their image and those left without area
 are dropped, with a count in the log. Images without annotations are kept.
+
+A keypoint JSON (`person_keypoints_*.json`: categories with `keypoints` names and a
+`skeleton`) also gives the index its `KeypointSchema` and every object its [K, 3] keypoints,
+read and checked by `vitdense.data.keypoints`; a JSON without keypoint names reads as a
+plain detection one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from typing import Any
 import numpy as np
 
 from vitdense.core.errors import DataError
+from vitdense.data.keypoints import annotation_keypoints, coco_keypoint_schema
+from vitdense.types.keypoints import KeypointSchema
 
 _logger = logging.getLogger(__name__)
 
@@ -40,7 +47,10 @@ class CocoImage:
 
     `boxes` are the training targets (x1, y1, x2, y2 pixels, clipped, crowds and empty boxes
     out) with `labels`; `eval_*` are all of the image's annotations as written (COCO
-    xywh turned into corners), crowds included, for evaluation."""
+    xywh turned into corners), crowds included, for evaluation. With a keypoint JSON,
+    `keypoints` [n, K, 3] float32 are the training objects' (aligned with `boxes`) and
+    `eval_keypoints` [m, K, 3] every annotation's (aligned with `eval_boxes`; a crowd's all
+    0), as annotated: (x, y) pixels, v in {0, 1, 2}, (0, 0, 0) where not labelled; else None."""
 
     id: int
     file_name: str
@@ -52,17 +62,21 @@ class CocoImage:
     eval_labels: np.ndarray
     eval_iscrowd: np.ndarray
     eval_area: np.ndarray
+    keypoints: np.ndarray | None = None
+    eval_keypoints: np.ndarray | None = None
 
 
 @dataclass
 class CocoIndex:
-    """A COCO JSON file read and checked: categories in id order and every image's objects."""
+    """A COCO JSON file read and checked: categories in id order and every image's objects;
+    `keypoint_schema` the keypoints its categories name (None: a plain detection JSON)."""
 
     annotation_file: Path
     image_dir: Path
     category_ids: list[int]
     class_names: list[str]
     images: list[CocoImage]
+    keypoint_schema: KeypointSchema | None = None
 
     @property
     def image_ids(self) -> list[int]:
@@ -117,8 +131,17 @@ def _load_json(path: Path) -> dict[str, Any]:
 
 def read_categories(annotation_file: str | Path) -> tuple[list[int], list[str]]:
     """(category ids in increasing order, their names) from a COCO JSON file."""
+    ids, names, _ = read_header(annotation_file)
+    return ids, names
+
+
+def read_header(annotation_file: str | Path) -> tuple[list[int], list[str], KeypointSchema | None]:
+    """(category ids in increasing order, their names, the keypoint schema or None) from a
+    COCO JSON file: what a DataModule tells its task before reading the images."""
     path = Path(annotation_file)
-    return _categories(_load_json(path), path)
+    data = _load_json(path)
+    ids, names = _categories(data, path)
+    return ids, names, coco_keypoint_schema(data["categories"], path)[0]
 
 
 def _categories(data: dict[str, Any], path: Path) -> tuple[list[int], list[str]]:
@@ -140,7 +163,9 @@ def load_coco(annotation_file: str | Path, image_dir: str | Path, check_files: b
 
     Stops with a `DataError` naming the field and the entry on: a missing key, a repeated
     image or category id, an annotation of an unknown image or category, a bbox that is not
-    four numbers, or (with `check_files`) an image listed but absent from `image_dir`.
+    four numbers, or (with `check_files`) an image listed but absent from `image_dir`; in a
+    keypoint JSON also on categories with different keypoints, keypoints on a category that
+    names none, and the annotation checks of `vitdense.data.keypoints.annotation_keypoints`.
     """
     path = Path(annotation_file)
     return coco_index(_load_json(path), path, image_dir, check_files)
@@ -153,8 +178,11 @@ def coco_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_fi
     _require(data, ("images", "annotations", "categories"), "the file", path)
     category_ids, class_names = _categories(data, path)
     label_of = {cid: label for label, cid in enumerate(category_ids)}
+    schema, named = coco_keypoint_schema(data["categories"], path)
     entries = image_entries(data, path, image_dir, check_files, f"; expected layout {LAYOUT}")
     objects: dict[int, list[dict[str, Any]]] = {k: [] for k in entries}
+    points: dict[int, list[np.ndarray]] = {k: [] for k in entries}
+    unread = 0  # annotations with keypoints in a JSON whose categories name none
     for i, ann in enumerate(data["annotations"]):
         name = f"annotations[{i}] (id {ann.get('id', '?')})" if isinstance(ann, dict) else f"annotations[{i}]"
         _require(ann, ("image_id", "category_id", "bbox"), name, path)
@@ -169,6 +197,23 @@ def coco_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_fi
         if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, int | float) for v in bbox)):
             raise DataError(f"{path}: {name} has bbox {bbox!r}; expected [x, y, width, height] in pixels")
         objects[ann["image_id"]].append(ann)
+        if schema is None:
+            unread += bool(ann.get("keypoints"))
+            continue
+        kps = annotation_keypoints(ann, schema, f"{path}: {name}")
+        if ann["category_id"] not in named and kps[:, 2].any():
+            raise DataError(
+                f"{path}: {name} has labelled keypoints but its category {ann['category_id']} lists no keypoint "
+                f"names; every category whose annotations carry keypoints lists the same 'keypoints' "
+                f"({list(schema.names)})"
+            )
+        points[ann["image_id"]].append(kps)
+    if unread:
+        _logger.warning(
+            "%s: %d annotations carry keypoints but no category names them (no 'keypoints' list): read as boxes only",
+            path,
+            unread,
+        )
 
     images, dropped, example = [], 0, None
     for img_id, img in entries.items():
@@ -183,6 +228,9 @@ def coco_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_fi
         clipped[:, 1::2] = clipped[:, 1::2].clip(0, img["height"])
         has_area = (clipped[:, 2] > clipped[:, 0]) & (clipped[:, 3] > clipped[:, 1])
         keep = has_area & (iscrowd == 0)
+        kps = None
+        if schema is not None:
+            kps = np.stack(points[img_id]) if anns else np.zeros((0, schema.num_keypoints, 3), np.float32)
         if (~has_area).any():
             dropped += int((~has_area).sum())
             example = example or f"image id {img_id}, annotation id {anns[int(np.argmin(has_area))].get('id', '?')}"
@@ -198,6 +246,8 @@ def coco_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_fi
                 labels,
                 iscrowd,
                 area.astype(np.float32),
+                None if kps is None else kps[keep],
+                kps,
             )
         )
     if dropped:
@@ -207,4 +257,4 @@ def coco_index(data: dict[str, Any], path: Path, image_dir: str | Path, check_fi
             dropped,
             example,
         )
-    return CocoIndex(path, image_dir, category_ids, class_names, images)
+    return CocoIndex(path, image_dir, category_ids, class_names, images, schema)

@@ -3,7 +3,8 @@ predict sample.
 
 Datasets yield `DetectedImages` with boxes as cxcywh in [0, 1] of the transformed image and,
 for evaluation, the original annotations (`EvalTargets`); training uses DETR's augmentation
-(`det_transforms.py`). Where the files are and how the JSON is read is `coco.py`'s.
+(`transforms/detection.py`). Where the files are and how the JSON is read is `coco.py`'s.
+A keypoint dataset's samples also carry each object's keypoints, moved with the image.
 """
 
 from __future__ import annotations
@@ -27,15 +28,22 @@ from vitdense.types import BoxTargets, DetectedImages, EvalTargets
 
 if TYPE_CHECKING:
     from vitdense.data.coco_json import CocoIndex
+    from vitdense.types.keypoints import KeypointSchema
 
 
 class CocoDetection(Dataset):
     """A COCO-format split as `DetectedImages`.
 
+    With a keypoint index (`index.keypoint_schema`), `BoxTargets.keypoints` are [n, K, 3]
+    with (x, y) in [0, 1] of the transformed image, (0, 0, 0) for a keypoint not labelled or
+    moved out of the image by a crop, and `EvalTargets.keypoints` [m, K, 3] as annotated
+    (pixels of the original image); else both are None.
+
     Args:
         index: the checked JSON (`load_coco`).
         transform: albumentations pipeline called as `transform(image=, bboxes=, labels=)`
-            (`detection_train_transforms` / `detection_eval_transforms`).
+            (`detection_train_transforms` / `detection_eval_transforms`), built with the
+            index's `keypoint_schema` for a keypoint index.
         with_eval_targets: attach the original annotations (`EvalTargets`) for evaluation.
     """
 
@@ -76,7 +84,20 @@ class CocoDetection(Dataset):
                 f"{path}: the image is {image.shape[1]}x{image.shape[0]} (width x height) but "
                 f"{self.index.annotation_file} says {entry.width}x{entry.height}; fix the JSON entry of image id {entry.id}"
             )
-        out = self.transform(image=image, bboxes=entry.boxes, labels=entry.labels)
+        points = {}
+        if entry.keypoints is not None:
+            if "keypoints" not in self.transform.processors:
+                raise DataError(
+                    f"{self.index.annotation_file} has keypoints but the dataset's transform does not move them; "
+                    "build it with keypoints=index.keypoint_schema (detection_train_transforms, "
+                    "detection_eval_transforms)"
+                )
+            points = {
+                "objects": np.arange(len(entry.boxes)),
+                "keypoints": entry.keypoints[..., :2].reshape(-1, 2),
+                "visibility": entry.keypoints[..., 2].reshape(-1),
+            }
+        out = self.transform(image=image, bboxes=entry.boxes, labels=entry.labels, **points)
         img = out["image"]
         height, width = img.shape[-2:]
         corners = torch.as_tensor(np.asarray(out["bboxes"], dtype=np.float32).reshape(-1, 4))
@@ -85,6 +106,10 @@ class CocoDetection(Dataset):
         corners, labels = corners[keep], labels[keep]
         scale = torch.tensor([width, height, width, height], dtype=torch.float32)
         boxes = box_convert(corners / scale, "xyxy", "cxcywh")
+        keypoints = None
+        if entry.keypoints is not None:
+            objects = np.asarray(out["objects"], dtype=np.int64).reshape(-1)[keep.numpy()]
+            keypoints = moved_keypoints(out, entry.keypoints.shape[1], objects, (int(height), int(width)))
         eval_targets = None
         if self.with_eval_targets:
             eval_targets = EvalTargets(
@@ -92,15 +117,31 @@ class CocoDetection(Dataset):
                 torch.from_numpy(entry.eval_labels),
                 torch.from_numpy(entry.eval_iscrowd),
                 torch.from_numpy(entry.eval_area),
+                None if entry.eval_keypoints is None else torch.from_numpy(entry.eval_keypoints),
             )
         return DetectedImages(
             img,
-            BoxTargets(boxes, labels),
+            BoxTargets(boxes, labels, keypoints),
             i,
             image_sizes=(int(height), int(width)),
             orig_sizes=(entry.height, entry.width),
             eval_targets=eval_targets,
         )
+
+
+def moved_keypoints(out: dict[str, Any], k: int, objects: np.ndarray, size: tuple[int, int]) -> torch.Tensor:
+    """[len(objects), K, 3] float32 keypoints of the objects whose boxes survived the transform
+    (`objects`: their indices among the n given), from its output `out` (keypoints [n * K, 2]
+    pixels, visibility [n * K]), with (x, y) in [0, 1] of the (H, W) `size`: a keypoint that
+    is not labelled, or that a crop left outside the image, is (0, 0, 0)."""
+    height, width = size
+    xy = np.asarray(out["keypoints"], dtype=np.float32).reshape(-1, k, 2)[objects]
+    v = np.asarray(out["visibility"], dtype=np.float32).reshape(-1, k)[objects]
+    # inclusive edges: a flip maps x = 0 to x = W, which must stay inside
+    inside = (xy[..., 0] >= 0) & (xy[..., 0] <= width) & (xy[..., 1] >= 0) & (xy[..., 1] <= height)
+    v = np.where(inside, v, 0.0)
+    xy = np.where(v[..., None] > 0, xy / np.array([width, height], dtype=np.float32), 0.0)
+    return torch.from_numpy(np.concatenate([xy, v[..., None]], -1).astype(np.float32))
 
 
 class DetectionDataModule(ImageDataModule):
@@ -110,7 +151,12 @@ class DetectionDataModule(ImageDataModule):
     Training uses DETR's augmentation (flip; shortest side from `scales`, longest <=
     `max_size`, or resize, random-size crop, resize); evaluation resizes the shortest side to
     `eval_short_side`. A subclass sets `category_ids` (the JSON's ids, in label order),
-    `class_names` and `num_classes` in `__init__`.
+    `class_names` and `num_classes` in `__init__`, and for a keypoint dataset
+    `keypoint_schema` (the task checks its head's K against it) once it has read it: at
+    construction where it can, else when a split is read; None for plain detection. A
+    keypoint dataset's transforms move the keypoints and flip them by its `flip_index`;
+    `hflip` is the flip's probability (a subclass turns flips off when it cannot know how
+    the keypoints swap).
 
     Args:
         img_size: the backbone's native input size (its position embeddings are resampled
@@ -125,6 +171,7 @@ class DetectionDataModule(ImageDataModule):
     sample_type: ClassVar[type] = DetectedImages
 
     category_ids: list[int]
+    keypoint_schema: KeypointSchema | None = None
 
     def __init__(
         self,
@@ -156,6 +203,7 @@ class DetectionDataModule(ImageDataModule):
         self.crop_scales, self.crop_size = list(crop_scales), tuple(crop_size)
         self.eval_short_side = eval_short_side
         self.square_resize = square_resize
+        self.hflip = 0.5
 
     def index(self, split: str) -> CocoIndex:
         """The checked COCO-format index of `split` ("train", "val" or "test")."""
@@ -170,22 +218,33 @@ class DetectionDataModule(ImageDataModule):
                 self.max_size,
                 self.crop_scales,
                 self.crop_size,
+                hflip=self.hflip,
                 square=self.square_resize,
+                keypoints=self.keypoint_schema,
             )
         )
 
     def eval_transforms(self) -> A.Compose:
         return detection_eval_transforms(
-            self.mean, self.std, self.eval_short_side, self.max_size, square=self.square_resize
+            self.mean,
+            self.std,
+            self.eval_short_side,
+            self.max_size,
+            square=self.square_resize,
+            keypoints=self.keypoint_schema,
         )
 
     def setup_splits(self, stage: str) -> None:
+        # each split is read before its transforms are built: reading sets `keypoint_schema`
         if stage == "fit":
-            self.train_dataset = CocoDetection(self.index("train"), self.train_transforms(), with_eval_targets=False)
+            train = self.index("train")
+            self.train_dataset = CocoDetection(train, self.train_transforms(), with_eval_targets=False)
         if stage in ("fit", "validate", "predict"):
-            self.val_dataset = self.predict_dataset = CocoDetection(self.index("val"), self.eval_transforms())
+            val = self.index("val")
+            self.val_dataset = self.predict_dataset = CocoDetection(val, self.eval_transforms())
         if stage == "test":
-            self.test_dataset = CocoDetection(self.index("test"), self.eval_transforms())
+            test = self.index("test")
+            self.test_dataset = CocoDetection(test, self.eval_transforms())
 
     def preprocess(self) -> Preprocess:
         if self.square_resize:

@@ -14,6 +14,15 @@ albumentations' `BboxParams` (absolute (x1, y1, x2, y2) in and out); a box cut t
 a crop is dropped, as in DETR. The short-side resize and the random-size crop are small
 custom transforms, because albumentations' `SmallestMaxSize` has no bound on the long side
 and its random-sized crops resize to a fixed output.
+
+Given a `KeypointSchema`, the pipelines also move keypoints (`KeypointParams`, format
+'xy', nothing removed), called with `keypoints=[n * K, 2]` (object by object, K rows each),
+`visibility=[n * K]` and `objects=[n]` (each box's object index, so that the caller knows
+which objects' keypoints survive the boxes a crop drops). Keypoints use the boxes' pixel
+convention, x in [0, W]: a flip maps x to W - x, where albumentations 2.0's own keypoint
+flip gives W - 1 - x, and swaps each object's keypoints by the schema's `flip_index`
+(`KeypointHorizontalFlip`; albumentations 2.0.8 has no label mapping for flips). Points a
+crop puts outside the image are left for the caller to mark as not labelled.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from albumentations.pytorch import ToTensorV2
 from vitdense.core.errors import DataError
 from vitdense.core.preprocess import short_side_size
 from vitdense.data.transforms.common import SharedRandomCompose
+from vitdense.types.keypoints import KeypointSchema
 
 Triple = tuple[float, float, float]
 
@@ -68,6 +78,9 @@ class RandomShortSideResize(A.DualTransform):
     def apply_to_bboxes(self, bboxes: np.ndarray, **params: Any) -> np.ndarray:
         return bboxes  # albumentations keeps boxes normalised: a resize leaves them as they are
 
+    def apply_to_keypoints(self, keypoints: np.ndarray, target_shape: tuple[int, int], **params: Any) -> np.ndarray:
+        return _scale_keypoints(keypoints, params["shape"], target_shape)
+
 
 class RandomSquareResize(A.DualTransform):
     """RF-DETR's `SquareResize(sizes)`: the image becomes S x S, S drawn uniformly from
@@ -91,6 +104,44 @@ class RandomSquareResize(A.DualTransform):
 
     def apply_to_bboxes(self, bboxes: np.ndarray, **params: Any) -> np.ndarray:
         return bboxes  # normalised boxes: a resize leaves them as they are
+
+    def apply_to_keypoints(self, keypoints: np.ndarray, target_shape: tuple[int, int], **params: Any) -> np.ndarray:
+        return _scale_keypoints(keypoints, params["shape"], target_shape)
+
+
+def _scale_keypoints(keypoints: np.ndarray, shape: Sequence[int], target_shape: Sequence[int]) -> np.ndarray:
+    # albumentations keeps keypoints in pixels: they scale with each side (x in [0, W] -> [0, W'])
+    return fgeometric.keypoints_scale(keypoints, target_shape[1] / shape[1], target_shape[0] / shape[0])
+
+
+class KeypointHorizontalFlip(A.HorizontalFlip):
+    """`A.HorizontalFlip` whose keypoints mirror as the boxes do, x -> W - x (albumentations
+    2.0's own flip gives W - 1 - x), and trade places by `flip_index` within each object:
+    keypoints arrive object by object, K = len(flip_index) rows each, and their label columns
+    (the visibility) move with them.
+
+    Args:
+        flip_index: for each keypoint, the index of its mirror image (`KeypointSchema.flip_index`).
+        p: probability of the flip.
+    """
+
+    def __init__(self, flip_index: Sequence[int], p: float = 0.5) -> None:
+        super().__init__(p=p)
+        self.flip_index = tuple(int(i) for i in flip_index)
+
+    def apply_to_keypoints(self, keypoints: np.ndarray, **params: Any) -> np.ndarray:
+        flipped = super().apply_to_keypoints(keypoints, **params)
+        flipped[:, 0] = params["shape"][1] - keypoints[:, 0]
+        k, columns = len(self.flip_index), flipped.shape[1]
+        if len(flipped) % k:
+            raise DataError(
+                f"KeypointHorizontalFlip: {len(flipped)} keypoints are not whole objects of {k}; pass each "
+                "object's K keypoints in order (keypoints=[n * K, 2])"
+            )
+        return flipped.reshape(-1, k, columns)[:, list(self.flip_index)].reshape(-1, columns)
+
+    def get_transform_init_args_names(self) -> tuple[str, ...]:
+        return ("flip_index",)
 
 
 def resize_to(sizes: Sequence[int], max_size: int | None, square: bool) -> A.DualTransform:
@@ -125,9 +176,22 @@ class RandomSizeCrop(BaseCrop):
         return {"crop_coords": (x, y, x + crop_w, y + crop_h)}
 
 
-def _bbox_params() -> A.BboxParams:
-    # absolute corners in and out; boxes left without area by a crop are dropped (DETR's `keep`)
-    return A.BboxParams(format="pascal_voc", label_fields=["labels"], clip=True, min_area=0.0, min_visibility=0.0)
+def _bbox_params(keypoints: KeypointSchema | None) -> A.BboxParams:
+    # absolute corners in and out; boxes left without area by a crop are dropped (DETR's `keep`),
+    # with their object index when keypoints must follow the boxes kept
+    fields = ["labels"] if keypoints is None else ["labels", "objects"]
+    return A.BboxParams(format="pascal_voc", label_fields=fields, clip=True, min_area=0.0, min_visibility=0.0)
+
+
+def _keypoint_params(keypoints: KeypointSchema | None) -> A.KeypointParams | None:
+    # nothing removed: each object keeps its K rows, in order, for the flip and the caller
+    if keypoints is None:
+        return None
+    return A.KeypointParams(format="xy", label_fields=["visibility"], remove_invisible=False)
+
+
+def _flip(hflip: float, keypoints: KeypointSchema | None) -> A.HorizontalFlip:
+    return A.HorizontalFlip(p=hflip) if keypoints is None else KeypointHorizontalFlip(keypoints.flip_index, p=hflip)
 
 
 def detection_train_transforms(
@@ -139,11 +203,14 @@ def detection_train_transforms(
     crop_size: tuple[int, int] = (384, 600),
     hflip: float = 0.5,
     square: bool = False,
+    keypoints: KeypointSchema | None = None,
 ) -> A.Compose:
     """DETR's training augmentation.
 
     Called as `transform(image=[H, W, 3] uint8, bboxes=[n, 4] (x1, y1, x2, y2) pixels,
-    labels=[n])` -> image [3, H', W'] float32 normalised, bboxes in the new image's pixels.
+    labels=[n])` -> image [3, H', W'] float32 normalised, bboxes in the new image's pixels;
+    with `keypoints` also `objects=[n]`, `keypoints=[n * K, 2]` pixels and `visibility=[n * K]`
+    (module docstring), which come back moved (keypoints flipped and swapped, scaled, cropped).
 
     Args:
         mean, std: per-channel normalisation of pixel values scaled to [0, 1].
@@ -153,10 +220,11 @@ def detection_train_transforms(
         hflip: probability of a horizontal flip.
         square: the final resizes are RF-DETR's square ones (`RandomSquareResize`: `scales`
             are sides of S x S images) instead of DETR's shortest-side ones.
+        keypoints: the dataset's keypoints (their flips), or None without keypoints.
     """
     return SharedRandomCompose(
         [
-            A.HorizontalFlip(p=hflip),
+            _flip(hflip, keypoints),
             A.OneOf(
                 [
                     resize_to(scales, max_size, square),
@@ -176,20 +244,29 @@ def detection_train_transforms(
             A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
             ToTensorV2(),
         ],
-        bbox_params=_bbox_params(),
+        bbox_params=_bbox_params(keypoints),
+        keypoint_params=_keypoint_params(keypoints),
     )
 
 
 def detection_eval_transforms(
-    mean: Triple, std: Triple, short_side: int = 800, max_size: int | None = 1333, square: bool = False
+    mean: Triple,
+    std: Triple,
+    short_side: int = 800,
+    max_size: int | None = 1333,
+    square: bool = False,
+    keypoints: KeypointSchema | None = None,
 ) -> A.Compose:
     """DETR's evaluation preprocessing: shortest side `short_side` (longest <= `max_size`),
-    or with `square` RF-DETR's `short_side` x `short_side`; normalised; boxes, if given, follow."""
+    or with `square` RF-DETR's `short_side` x `short_side`; normalised; boxes, if given, follow,
+    and with `keypoints` (the dataset's schema) keypoints too, called as the training
+    pipeline is."""
     return SharedRandomCompose(
         [
             resize_to([short_side], max_size, square),
             A.Normalize(mean=mean, std=std, max_pixel_value=255.0),
             ToTensorV2(),
         ],
-        bbox_params=_bbox_params(),
+        bbox_params=_bbox_params(keypoints),
+        keypoint_params=_keypoint_params(keypoints),
     )
