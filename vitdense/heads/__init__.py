@@ -4,6 +4,7 @@ from vitdense.heads.classification import ClassificationHead, pool_tokens
 from vitdense.heads.detr import DETRHead
 from vitdense.heads.dpt import DPTHead
 from vitdense.heads.eomt import EoMTHead
+from vitdense.heads.keypoints import KeypointHead
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
 from vitdense.heads.lwdetr import LWDETRHead
 from vitdense.heads.pyramid import MultiLevelProjector, SimpleFeaturePyramid
@@ -14,6 +15,7 @@ __all__ = [
     "DETRHead",
     "DPTHead",
     "EoMTHead",
+    "KeypointHead",
     "LinearDecoder",
     "LinearProbeHead",
     "LWDETRHead",

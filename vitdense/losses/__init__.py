@@ -1,11 +1,12 @@
-"""Detection losses (DETR's Hungarian matcher and set criterion, and the class terms they
-share: plain nn.Modules), mask classification's (Mask2Former's point-sampled matcher and set
+"""Detection losses (DETR's Hungarian matcher and set criterion, and the class and keypoint
+terms they share: plain nn.Modules), mask classification's (Mask2Former's point-sampled matcher and set
 criterion), segmentation's per-pixel cross-entropy and monocular depth's SILog and MiDaS's
 scale- and shift-invariant losses."""
 
 from vitdense.losses.classification import ClassLoss, IoUAwareBCELoss, SigmoidFocalLoss, SoftmaxCrossEntropy
 from vitdense.losses.depth import ScaleShiftInvariantLoss, SILogLoss, compute_scale_and_shift
 from vitdense.losses.detection import HungarianMatcher, SetCriterion
+from vitdense.losses.keypoints import KeypointLoss
 from vitdense.losses.segmentation import pixel_cross_entropy
 from vitdense.losses.universal import (
     MaskHungarianMatcher,
@@ -19,6 +20,7 @@ __all__ = [
     "ClassLoss",
     "HungarianMatcher",
     "IoUAwareBCELoss",
+    "KeypointLoss",
     "MaskHungarianMatcher",
     "MaskSetCriterion",
     "SILogLoss",
