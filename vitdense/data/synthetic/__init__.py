@@ -1,6 +1,7 @@
 """Generated datasets for every family, one module each (`classification`, `segmentation`,
-`detection`, `universal`, `depth`, `multitask`: co-annotated scenes): the demos' and the tests' data, written in the real
-on-disk layouts where a family reads files (COCO JSON, COCO panoptic PNGs, depth PNGs)."""
+`detection`, `universal`, `depth`, `multitask`: co-annotated scenes, `keypoints`: stick figures): the demos' and the
+tests' data, written in the real on-disk layouts where a family reads files (COCO JSON, COCO panoptic PNGs, depth PNGs,
+COCO keypoints)."""
 
 from __future__ import annotations
 
