@@ -110,7 +110,9 @@ def draw_keypoints(
     `colours[i]`; a keypoint scoring below `threshold` (or v = 0) is left out with its bones."""
     picture = Image.fromarray(image)
     draw = ImageDraw.Draw(picture)
-    for points, colour in zip(np.asarray(keypoints).reshape(len(keypoints), -1, 3), colours, strict=True):
+    for points, colour in zip(
+        np.asarray(keypoints).reshape(len(keypoints), -1, 3) if len(keypoints) else [], colours, strict=True
+    ):
         colour = tuple(int(c) for c in colour)
         shown = points[:, 2] >= threshold
         for a, b in skeleton:

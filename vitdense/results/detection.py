@@ -16,8 +16,11 @@ from vitdense.core.draw import default_palette, draw_boxes, draw_keypoints
 from vitdense.results.common import Origin, ResultContext, Size, WriteOptions
 from vitdense.types.keypoints import KeypointSchema
 
-#: COCO keypoint results, written beside detections.json by a keypoint model's `predict`
-KEYPOINTS_TABLE = "keypoints.json"
+
+def keypoints_table(path: Path) -> Path:
+    """Where a keypoint model's COCO keypoint results go beside its detections table `path`:
+    detections.json -> detections.keypoints.json (each process's own, as its table)."""
+    return path.with_name(f"{path.stem}.keypoints{path.suffix}")
 
 
 @dataclass(frozen=True)
@@ -135,15 +138,16 @@ class DetectionResult(Origin):
 
     @classmethod
     def write_table(cls, rows: list[dict[str, Any]], path: Path) -> None:
-        """`path` (detections.json): the rows as they are; with keypoints also keypoints.json
-        beside it, COCO's keypoint results (`image_id`, `category_id`, `keypoints`, `score`):
-        without the `bbox`, which `COCO.loadRes` would otherwise read first, taking each
-        detection's area from its box rather than from its keypoints' extent as COCO's own
-        keypoint evaluation does (so AP_medium / AP_large would differ)."""
+        """`path` (detections.json): the rows as they are; with keypoints also
+        detections.keypoints.json beside it (`keypoints_table`), COCO's keypoint results
+        (`image_id`, `category_id`, `keypoints`, `score`): without the `bbox`, which
+        `COCO.loadRes` would otherwise read first, taking each detection's area from its box
+        rather than from its keypoints' extent as COCO's own keypoint evaluation does (so
+        AP_medium / AP_large would differ)."""
         path.write_text(json.dumps(rows))
         if rows and "keypoints" in rows[0]:
             keypoint_rows = [{k: v for k, v in row.items() if k != "bbox"} for row in rows]
-            path.with_name(KEYPOINTS_TABLE).write_text(json.dumps(keypoint_rows))
+            keypoints_table(path).write_text(json.dumps(keypoint_rows))
 
     def to_dict(self) -> dict[str, Any]:
         detections = []

@@ -31,7 +31,10 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image, ImageDraw
 
-from vitdense.data.synthetic.classification import textured_background
+from vitdense.data.base import LoaderConfig, Triple
+from vitdense.data.coco import COCODataModule
+from vitdense.data.synthetic.classification import WrittenOnFirstUse, textured_background
+from vitdense.data.synthetic.detection import SYNTHETIC_DET_LOADER
 from vitdense.types.keypoints import KeypointSchema
 
 # Sigmas. OKS = exp(-d^2 / (2 area (2 sigma)^2)) scores an error of d pixels against the
@@ -309,3 +312,69 @@ def write_synthetic_pose_coco(root: str | Path, split: str, num_images: int, img
     tmp.write_text(json.dumps({"images": images, "annotations": annotations, "categories": [pose_category()]}))
     tmp.replace(path)  # the JSON appears last and whole: its presence means the split is complete
     return path
+
+
+class SyntheticPoseDataModule(WrittenOnFirstUse, COCODataModule):
+    """The stick figures as a COCO keypoint dataset, generated on first use under `root` and
+    read back like COCO's person keypoints (`COCODataModule`: the JSON's checks, DETR's
+    augmentation with keypoints flipped by `FIGURE.flip_index`); the figures' sigmas
+    (`FIGURE.sigmas`) score keypoint AP.
+
+    Args:
+        root: where to write the dataset.
+        img_size: the backbone's native size, and the images' typical side (sides in
+            [0.75, 1.25] x img_size); evaluation resizes the shortest side to it.
+        train_size, val_size: images per split.
+        seed: base seed of the generator.
+        scales: training shortest sides (None: img_size - 16 to img_size, step 8).
+        max_size: bound of the longest side (None: img_size).
+        loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
+    """
+
+    kind = "pose"
+
+    def __init__(
+        self,
+        *,
+        root: str = "data/synthetic_pose",
+        img_size: int = 96,
+        train_size: int = 2000,
+        val_size: int = 200,
+        seed: int = 0,
+        scales: list[int] | None = None,
+        max_size: int | None = None,
+        loader: LoaderConfig = SYNTHETIC_DET_LOADER,
+        backbone: str | None = None,
+        mean: Triple | None = None,
+        std: Triple | None = None,
+        predict_dir: str | None = None,
+    ) -> None:
+        self.synthetic = {"img_size": img_size, "train_size": train_size, "val_size": val_size, "seed": seed}
+        super().__init__(
+            root=root,
+            train_images="train",
+            train_annotations="annotations/person_keypoints_train.json",
+            val_images="val",
+            val_annotations="annotations/person_keypoints_val.json",
+            keypoint_sigmas=list(FIGURE.sigmas or ()),  # (the JSON names the keypoints; COCO's format has no sigmas)
+            img_size=img_size,
+            scales=scales or list(range(img_size - 16, img_size + 1, 8)),
+            max_size=max_size or img_size,
+            crop_scales=[round(0.8 * img_size)],
+            crop_size=(round(0.5 * img_size), round(0.8 * img_size)),
+            eval_short_side=img_size,
+            loader=loader,
+            backbone=backbone,
+            mean=mean,
+            std=std,
+            predict_dir=predict_dir,
+        )
+
+    def read_categories(self) -> tuple[list[int], list[str]]:
+        self.keypoint_schema = FIGURE
+        return [CATEGORY_ID], [CATEGORY_NAME]
+
+    def write_splits(self) -> None:
+        s = self.synthetic
+        for split, size in (("train", s["train_size"]), ("val", s["val_size"])):
+            write_synthetic_pose_coco(self.root, split, size, s["img_size"], s["seed"])
