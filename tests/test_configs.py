@@ -12,7 +12,8 @@ from tests.data.test_coco_panoptic import write_instances
 from tests.data.test_depth import write_sample
 from tests.data.test_imagefolder import make_split
 from vitdense.cli import main
-from vitdense.data import write_synthetic_coco, write_synthetic_panoptic
+from vitdense.data import write_synthetic_coco, write_synthetic_panoptic, write_synthetic_pose_coco
+from vitdense.data.synthetic.keypoints import FIGURE
 from vitdense.tasks import MaskedImageModelingTask
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
@@ -43,6 +44,8 @@ TESTED = {
     "eomt_coco_instance.yaml",
     "demo_depth.yaml",
     "dpt_nyu.yaml",
+    "demo_pose.yaml",
+    "pose_coco.yaml",
     "demo_multitask.yaml",  # (run by tests/tasks/test_multitask.py: a MultiTask's data is one DataModule per task)
 }
 
@@ -95,9 +98,17 @@ def fake_data_args(name: str, data: dict, tmp_path: Path, monkeypatch) -> list[s
         ]
     if class_path.endswith("COCODataModule"):
         root = tmp_path / "coco"
+        keypoints = "person_keypoints" in data["init_args"].get("val_annotations", "")  # COCO's keypoint files
         for split in ("train2017", "val2017"):
-            write_synthetic_coco(root, split, 4, img_size=48, num_classes=3, seed=0)
+            if keypoints:  # the stick figures' 13 keypoints (with their sigmas) in COCO person's place
+                written = write_synthetic_pose_coco(root, split, 4, img_size=48, seed=0)
+                written.rename(written.with_name(f"person_keypoints_{split}.json"))
+            else:
+                write_synthetic_coco(root, split, 4, img_size=48, num_classes=3, seed=0)
+        figures = [f"--data.init_args.keypoint_sigmas={list(FIGURE.sigmas)}"] if keypoints else []
+        figures += ["--model.init_args.head.init_args.num_keypoints=13"] if keypoints else []
         return [
+            *figures,
             f"--data.init_args.root={root}",
             "--data.init_args.scales=[64]",
             "--data.init_args.crop_scales=[64]",
@@ -174,6 +185,11 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
         args.append("--model.init_args.head.init_args.hooks=[0, 1, 0, 1]")  # DPT-Hybrid's stages, then 2 blocks
     if cfg["model"]["init_args"].get("head", {}).get("class_path", "").endswith("LWDETRHead"):
         args.append("--model.init_args.head.init_args.num_queries=8")  # two-stage picks from the 64 px images' tokens
+    if config.name == "pose_coco.yaml":  # its ViT-S: 3 of 12 blocks (its windows and patch size as written)
+        args.append(
+            "--model.init_args.backbone.model_args={patch_size: 12, depth: 3, num_windows: 2, global_attn_indexes: [2]}"
+        )
+        args.append("--model.init_args.head.init_args.neck.init_args.feature_indexes=[0, 2]")
     args += [
         "--model.init_args.backbone.pretrained=false",  # offline: same architecture, random weights
         "--trainer.accelerator=cpu",

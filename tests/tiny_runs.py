@@ -104,6 +104,17 @@ RECIPES: dict[str, Callable[[Path], tuple[list[str], str]]] = {
         "--trainer.max_steps=2",
         "--trainer.num_sanity_val_steps=0",
     ),
+    # the keypoint demo at 32 px (its figures' 13 keypoints), 3 validation images
+    "pose": demo(
+        "demo_pose.yaml",
+        "--data.init_args.img_size=32",
+        "--data.init_args.train_size=8",
+        "--data.init_args.val_size=3",
+        "--data.init_args.loader.batch_size=4",
+        "--model.init_args.backbone.model_args={depth: 2, patch_size: 2}",
+        "--trainer.max_steps=2",
+        "--trainer.num_sanity_val_steps=0",
+    ),
     "depth": depth,
     "panoptic": panoptic,
     "mae": pretrain("demo_pretrain.yaml"),
