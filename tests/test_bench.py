@@ -37,16 +37,29 @@ def test_export_bench_prints_both_runtimes(capsys):
 
 
 def test_detection_heads_bench_prints_every_head(capsys):
+    """Every head, and with --keypoints each again with keypoints (its training step then
+    supervises them: targets with keypoints)."""
     main(
         "det-heads --model vit_tiny_patch16_224 --img-size 64 --batch-size 1 --iters 1 --warmup 0 "
-        "--num-queries 4 --num-groups 2".split()
+        "--num-queries 4 --num-groups 2 --keypoints 3 --heads".split()
+        + [
+            "detr (det_coco.yaml)",
+            "detr (det_coco.yaml) +3 kpts",
+            "lwdetr P4 (RF-DETR-B)",
+            "lwdetr P4 (RF-DETR-B) +3 kpts",
+        ]
     )
     out = capsys.readouterr().out
-    rows = [line.rsplit(None, 3) for line in out.splitlines()[2:]]
-    names = ["detr (det_coco.yaml)", "detr+groups+boxrpb", "lwdetr P4 (RF-DETR-B)", "lwdetr P3-P5"]
+    rows = [line.rsplit(None, 5) for line in out.splitlines()[2:]]
+    names = [
+        "detr (det_coco.yaml)",
+        "detr (det_coco.yaml) +3 kpts",
+        "lwdetr P4 (RF-DETR-B)",
+        "lwdetr P4 (RF-DETR-B) +3 kpts",
+    ]
     assert [r[0] for r in rows] == names
     assert all(float(v) > 0 for r in rows for v in r[1:])
-    assert float(rows[0][2]) == 1.0  # the ratio column is relative to the first head
+    assert float(rows[0][2]) == 1.0 and float(rows[0][5]) == 1.0  # the ratio columns are relative to the first head
 
 
 def test_eval_bench_gives_every_way_the_same_ap(capsys):

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     dh.add_argument("--heads", nargs="*", default=None, help="a subset of the heads, by name")
     dh.add_argument("--num-queries", type=int, default=300, help="queries per group")
     dh.add_argument("--num-groups", type=int, default=13, help="Group DETR groups in training")
+    dh.add_argument("--keypoints", type=int, default=0, help="K > 0: each head again with a K-keypoint head")
     dh.add_argument("--iters", type=int, default=5, help="timed rounds per head")
     dh.add_argument("--warmup", type=int, default=1)
     dh.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -113,9 +113,10 @@ def alternating_rounds(
     }
 
 
-def coco_like_targets(batch_size: int, num_classes: int, device: torch.device) -> list:
+def coco_like_targets(batch_size: int, num_classes: int, device: torch.device, num_keypoints: int = 0) -> list:
     """`BoxTargets` of 7 objects per image (COCO's mean), centres in [0.2, 0.8], sides in
-    [0.05, 0.35], seeded."""
+    [0.05, 0.35], seeded; with `num_keypoints`, K keypoints each inside its box, visibility
+    0, 1 or 2 drawn uniformly."""
     from vitdense.types import BoxTargets
 
     generator = torch.Generator().manual_seed(0)
@@ -124,7 +125,12 @@ def coco_like_targets(batch_size: int, num_classes: int, device: torch.device) -
         centre = torch.rand(7, 2, generator=generator) * 0.6 + 0.2
         size = torch.rand(7, 2, generator=generator) * 0.3 + 0.05
         labels = torch.randint(num_classes, (7,), generator=generator)
-        targets.append(BoxTargets(torch.cat([centre, size], 1).to(device), labels.to(device)))
+        keypoints = None
+        if num_keypoints:
+            where = centre[:, None] + (torch.rand(7, num_keypoints, 2, generator=generator) - 0.5) * size[:, None]
+            v = torch.randint(0, 3, (7, num_keypoints, 1), generator=generator).float()
+            keypoints = torch.cat([where * (v > 0), v], -1).to(device)
+        targets.append(BoxTargets(torch.cat([centre, size], 1).to(device), labels.to(device), keypoints))
     return targets
 
 
