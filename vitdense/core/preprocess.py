@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from vitdense.core.errors import ConfigError
-from vitdense.types.keypoints import KeypointSchema
 
 Resize = Literal["center_crop", "short_side", "rescale", "square", "none"]
 RESIZES: tuple[str, ...] = ("center_crop", "short_side", "rescale", "square", "none")
@@ -153,13 +152,13 @@ class LabelInfo:
         file_offset: added to a class index where label maps are written to files (1 for
             ADE20K, which stores classes as 1..150 and 0 as unlabelled).
         keypoints: the objects' keypoints (names, skeleton, flips, OKS sigmas) for a model
-            trained on a keypoint dataset, else None.
+            trained on a keypoint dataset, as plain data (`KeypointSchema.to_dict()`), else None.
     """
 
     palette: tuple[tuple[int, int, int], ...] | None = None
     category_ids: tuple[int, ...] | None = None
     file_offset: int = 0
-    keypoints: KeypointSchema | None = None
+    keypoints: dict[str, Any] | None = None
 
     def colours(self, num_classes: int) -> np.ndarray:
         """[K, 3] uint8: the palette, or `default_palette(num_classes)`."""
@@ -172,7 +171,7 @@ class LabelInfo:
             "palette": [list(map(int, c)) for c in self.palette] if self.palette is not None else None,
             "category_ids": list(self.category_ids) if self.category_ids is not None else None,
             "file_offset": self.file_offset,
-            "keypoints": self.keypoints.to_dict() if self.keypoints is not None else None,
+            "keypoints": self.keypoints,
         }
 
     @classmethod
@@ -183,7 +182,7 @@ class LabelInfo:
             tuple(tuple(int(v) for v in c) for c in palette) if palette is not None else None,
             tuple(int(i) for i in ids) if ids is not None else None,
             int(data.get("file_offset", 0)),
-            KeypointSchema.from_dict(data["keypoints"]) if data.get("keypoints") else None,
+            data.get("keypoints") or None,
         )
 
     @classmethod
@@ -195,7 +194,7 @@ class LabelInfo:
             tuple(tuple(int(v) for v in c) for c in np.asarray(palette).tolist()) if palette is not None else None,
             tuple(int(i) for i in ids) if ids else None,
             1 if getattr(datamodule, "reduce_zero_label", False) else 0,
-            getattr(datamodule, "keypoint_schema", None),
+            schema.to_dict() if (schema := getattr(datamodule, "keypoint_schema", None)) is not None else None,
         )
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torchvision.ops import MLP
 
-from vitdense.losses.keypoints import KEYPOINT_CHANNELS
+from vitdense.types.keypoints import KEYPOINT_CHANNELS
 
 
 class KeypointHead(nn.Module):

@@ -2,7 +2,7 @@
 `compute_keypoint_matching_cost`, the loss of its GroupPose-style keypoint preview), for any
 K keypoints a dataset declares.
 
-Each query predicts, per keypoint, 7 numbers (`KEYPOINT_CHANNELS`): its position (x, y) in
+Each query predicts, per keypoint, 7 numbers (`vitdense.types.keypoints.KEYPOINT_CHANNELS`): its position (x, y) in
 [0, 1] of the unpadded image, a "findable" logit (the annotator could place it: v > 0), a
 "visible" logit (v = 2), and the Cholesky factor of its precision (log l11, l21, log l22:
 L = [[l11, 0], [l21, l22]], precision L^T L in units of the normalised image). For a query
@@ -29,9 +29,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-#: per keypoint: x, y, findable logit, visible logit, log l11, l21, log l22
-KEYPOINT_CHANNELS = 7
 
 
 def _gaussian_nll(delta: torch.Tensor, cholesky: torch.Tensor, area: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,8 @@ class DetectionResult(Origin):
         ids = context.labels.category_ids
         palette = context.labels.colours(len(names))
         keypoints = getattr(prediction, "keypoints", None) or [None] * len(prediction.boxes)
+        recorded = context.labels.keypoints
+        schema = KeypointSchema.from_dict(recorded) if recorded else None
         return [
             cls(
                 boxes.float().cpu().numpy(),
@@ -73,7 +75,7 @@ class DetectionResult(Origin):
                 list(ids) if ids else None,
                 palette=palette,
                 keypoints=points.float().cpu().numpy() if points is not None else None,
-                keypoint_schema=context.labels.keypoints if points is not None else None,
+                keypoint_schema=schema if points is not None else None,
                 **context.origin(i),
             )
             for i, (boxes, scores, labels, points, size) in enumerate(

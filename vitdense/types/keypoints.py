@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+#: what a keypoint head predicts per keypoint (`DetectionOutput.keypoints`): x, y, findable
+#: logit, visible logit, log l11, l21, log l22 (`vitdense.losses.keypoints`)
+KEYPOINT_CHANNELS = 7
+
 #: pycocotools' `Params.kpt_oks_sigmas` for COCO's 17 person keypoints (COCOeval's defaults)
 COCO_PERSON_SIGMAS = (
     0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072, 0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
