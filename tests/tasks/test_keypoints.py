@@ -79,19 +79,32 @@ def test_pose_demo_tests_and_predicts_and_the_files_give_its_figures(tiny_runs, 
     assert reported == pytest.approx(recomputed, abs=1e-6)
 
 
-def test_load_answers_with_the_keypoints_predict_wrote(tiny_runs, tmp_path):
+def test_load_and_the_server_answer_with_keypoints(tiny_runs):
+    """`vitdense.load` gives each detection's keypoints with the schema the checkpoint
+    recorded; the server's API answers the same JSON."""
+    import base64
+
     from PIL import Image
 
     import vitdense
+    from vitdense.deploy.serve import PredictorAPI
 
     folder, ckpt = tiny_runs["pose"]
-    model = vitdense.load(folder / ckpt)
     image = folder / "data" / "synthetic_pose" / "val" / "000000.png"
-    result = model(Image.open(image))
+    result = vitdense.load(folder / ckpt)(Image.open(image))
     assert result.keypoint_schema == FIGURE  # recorded in the checkpoint: names, skeleton, flips, sigmas
-    assert result.keypoints.shape == (len(result), 13, 3)
+    assert result.keypoints.shape == (len(result), 13, 3) and len(result) == 20
+    assert ((result.keypoints[..., 2] >= 0) & (result.keypoints[..., 2] <= 1)).all()  # scores
     answer = result.to_dict()
     assert answer["keypoint_names"] == list(FIGURE.names)
     assert np.allclose(answer["detections"][0]["keypoints"], result.keypoints[0])
-    drawn = result.above(0).draw(Image.open(image))
-    assert drawn.shape == (*result.size, 3)
+    assert result.above(0).draw(Image.open(image)).shape == (*result.size, 3)
+
+    api = PredictorAPI(folder / ckpt, max_batch_size=2)
+    api.setup("cpu")
+    request = api.decode_request({"image": base64.b64encode(image.read_bytes()).decode()})
+    (served,) = [api.encode_response(a) for a in api.predict([request])]
+    assert served["keypoint_names"] == answer["keypoint_names"]
+    np.testing.assert_allclose(
+        [d["keypoints"] for d in served["detections"]], [d["keypoints"] for d in answer["detections"]], atol=1e-4
+    )
