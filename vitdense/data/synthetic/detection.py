@@ -102,6 +102,25 @@ def write_synthetic_coco(
 SYNTHETIC_DET_LOADER = LoaderConfig(batch_size=16)
 
 
+def generated_coco(annotations: str, img_size: int, scales: list[int] | None, max_size: int | None) -> dict:
+    """`COCODataModule`'s layout and sizes for a generated COCO set: `<split>/` images with
+    `annotations/<annotations>_<split>.json`, augmentation sizes from `img_size` (training
+    shortest sides `scales`, default img_size - 16 to img_size, step 8; longest side at most
+    `max_size`, default img_size; evaluation at img_size)."""
+    return {
+        "train_images": "train",
+        "train_annotations": f"annotations/{annotations}_train.json",
+        "val_images": "val",
+        "val_annotations": f"annotations/{annotations}_val.json",
+        "img_size": img_size,
+        "scales": scales or list(range(img_size - 16, img_size + 1, 8)),
+        "max_size": max_size or img_size,
+        "crop_scales": [round(0.8 * img_size)],
+        "crop_size": (round(0.5 * img_size), round(0.8 * img_size)),
+        "eval_short_side": img_size,
+    }
+
+
 class SyntheticDetectionDataModule(WrittenOnFirstUse, COCODataModule):
     """Synthetic shapes as a COCO dataset, generated on first use under `root`.
 
@@ -159,16 +178,7 @@ class SyntheticDetectionDataModule(WrittenOnFirstUse, COCODataModule):
         # records only the arguments above, so that a checkpoint rebuilds this class
         super().__init__(
             root=root,
-            train_images="train",
-            train_annotations="annotations/instances_train.json",
-            val_images="val",
-            val_annotations="annotations/instances_val.json",
-            img_size=img_size,
-            scales=scales or list(range(img_size - 16, img_size + 1, 8)),
-            max_size=max_size or img_size,
-            crop_scales=[round(0.8 * img_size)],
-            crop_size=(round(0.5 * img_size), round(0.8 * img_size)),
-            eval_short_side=img_size,
+            **generated_coco("instances", img_size, scales, max_size),
             square_resize=square_resize,
             loader=loader,
             backbone=backbone,

@@ -34,7 +34,7 @@ from PIL import Image, ImageDraw
 from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.coco import COCODataModule
 from vitdense.data.synthetic.classification import WrittenOnFirstUse, textured_background
-from vitdense.data.synthetic.detection import SYNTHETIC_DET_LOADER
+from vitdense.data.synthetic.detection import SYNTHETIC_DET_LOADER, generated_coco
 from vitdense.types.keypoints import KeypointSchema
 
 # Sigmas. OKS = exp(-d^2 / (2 area (2 sigma)^2)) scores an error of d pixels against the
@@ -352,17 +352,8 @@ class SyntheticPoseDataModule(WrittenOnFirstUse, COCODataModule):
         self.synthetic = {"img_size": img_size, "train_size": train_size, "val_size": val_size, "seed": seed}
         super().__init__(
             root=root,
-            train_images="train",
-            train_annotations="annotations/person_keypoints_train.json",
-            val_images="val",
-            val_annotations="annotations/person_keypoints_val.json",
+            **generated_coco("person_keypoints", img_size, scales, max_size),
             keypoint_sigmas=list(FIGURE.sigmas or ()),  # (the JSON names the keypoints; COCO's format has no sigmas)
-            img_size=img_size,
-            scales=scales or list(range(img_size - 16, img_size + 1, 8)),
-            max_size=max_size or img_size,
-            crop_scales=[round(0.8 * img_size)],
-            crop_size=(round(0.5 * img_size), round(0.8 * img_size)),
-            eval_short_side=img_size,
             loader=loader,
             backbone=backbone,
             mean=mean,
