@@ -328,6 +328,7 @@ class SyntheticPoseDataModule(WrittenOnFirstUse, COCODataModule):
         seed: base seed of the generator.
         scales: training shortest sides (None: img_size - 16 to img_size, step 8).
         max_size: bound of the longest side (None: img_size).
+        square_resize: RF-DETR's square resize instead (see `SyntheticDetectionDataModule`).
         loader, backbone, mean, std, predict_dir: see `ImageDataModule`.
     """
 
@@ -343,6 +344,7 @@ class SyntheticPoseDataModule(WrittenOnFirstUse, COCODataModule):
         seed: int = 0,
         scales: list[int] | None = None,
         max_size: int | None = None,
+        square_resize: bool = False,
         loader: LoaderConfig = SYNTHETIC_DET_LOADER,
         backbone: str | None = None,
         mean: Triple | None = None,
@@ -354,6 +356,7 @@ class SyntheticPoseDataModule(WrittenOnFirstUse, COCODataModule):
             root=root,
             **generated_coco("person_keypoints", img_size, scales, max_size),
             keypoint_sigmas=list(FIGURE.sigmas or ()),  # (the JSON names the keypoints; COCO's format has no sigmas)
+            square_resize=square_resize,
             loader=loader,
             backbone=backbone,
             mean=mean,
