@@ -112,6 +112,7 @@ RECIPES: dict[str, Callable[[Path], tuple[list[str], str]]] = {
         "--data.init_args.val_size=3",
         "--data.init_args.loader.batch_size=4",
         "--model.init_args.backbone.model_args={depth: 2, patch_size: 2}",
+        "--model.init_args.head.init_args.neck.init_args.feature_indexes=[0, 1]",  # (of the 2 blocks)
         "--trainer.max_steps=2",
         "--trainer.num_sanity_val_steps=0",
     ),

@@ -20,6 +20,7 @@ SMALL = [
     "--data.init_args.val_size=3",
     "--data.init_args.loader.batch_size=4",
     "--model.init_args.backbone.model_args={depth: 2, patch_size: 2}",
+    "--model.init_args.head.init_args.neck.init_args.feature_indexes=[0, 1]",
     "--trainer.enable_progress_bar=false",
 ]
 
