@@ -123,7 +123,8 @@ def test_keypoint_head_starts_at_box_centres():
 def test_detection_heads_predict_keypoints_on_every_layer(head_type):
     """Both DETR heads give [B, G*Q, K, 7] keypoints for the last layer and each earlier one,
     placed relative to that layer's boxes, trained through the criterion (every keypoint
-    weight gets a gradient; denoising queries and two-stage proposals have no keypoint terms)."""
+    weight gets a gradient; LW-DETR's two-stage proposals have keypoints of their own heads,
+    its denoising queries none)."""
     torch.manual_seed(0)
     vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2).eval()
     small = dict(hidden_dim=32, num_queries=5, num_groups=2, num_heads=2, dim_feedforward=64, dec_layers=2)
@@ -147,9 +148,14 @@ def test_detection_heads_predict_keypoints_on_every_layer(head_type):
     assert offsets.abs().max() > 0
     losses = criterion(output, targets)
     assert {"loss_keypoints_l1", "loss_keypoints_nll_0"} <= losses.terms.keys()
-    assert not any(k.startswith("loss_keypoints") and ("_dn" in k or "_enc" in k) for k in losses.terms)
+    assert not any(k.startswith("loss_keypoints") and "_dn" in k for k in losses.terms)
+    # the two-stage proposals' keypoints, from their own heads (RF-DETR's enc_out_keypoint_embed)
+    assert ("loss_keypoints_l1_enc" in losses.terms) == (head_type == "lwdetr")
     losses.total.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.keypoint_embed.parameters())
+    if head_type == "lwdetr":
+        assert output.enc_keypoints.shape == (3, 10, 5, 7)
+        assert all(p.grad is not None for p in head.enc_out_keypoint_embed.parameters())
     head.eval()
     with torch.no_grad():
         out = head(features)

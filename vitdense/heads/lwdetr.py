@@ -370,6 +370,10 @@ class LWDETRHead(nn.Module):
         if self.two_stage:
             self.enc_out_class_embed = nn.ModuleList(copy.deepcopy(self.class_embed) for _ in range(self.num_groups))
             self.enc_out_bbox_embed = nn.ModuleList(copy.deepcopy(self.bbox_embed) for _ in range(self.num_groups))
+            if self.keypoint_embed is not None:  # the proposals' keypoints (RF-DETR's enc_out_keypoint_embed)
+                self.enc_out_keypoint_embed = nn.ModuleList(
+                    copy.deepcopy(self.keypoint_embed) for _ in range(self.num_groups)
+                )
 
     @property
     def denoising(self) -> bool:
@@ -392,9 +396,10 @@ class LWDETRHead(nn.Module):
         n = groups * self.num_queries
         tgt = self.query_feat.weight[:n].unsqueeze(0).expand(b, -1, -1)
         learned = self.refpoint_embed.weight[:n].float().unsqueeze(0).expand(b, -1, -1)
-        enc = None
+        enc = enc_keypoints = None
         if self.two_stage:
-            enc = self.select_proposals(levels, groups)
+            enc_logits, enc_boxes, enc_keypoints = self.select_proposals(levels, groups)
+            enc = (enc_logits, enc_boxes)
             # the selected proposals start the decoder (detached); they learn from their own loss
             reference = refine_boxes(enc[1].detach(), learned, self.bbox_reparam)
         else:  # learned boxes, in inverse-sigmoid space (zero: a centred box of half the image)
@@ -446,8 +451,8 @@ class LWDETRHead(nn.Module):
         aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if with_aux else ()
         keypoints, aux_keypoints = None, ()
         if self.keypoint_embed is not None:
-            # the object queries' keypoints (the denoising queries' and the two-stage proposals'
-            # are not predicted: they learn boxes and classes only)
+            # the object queries' keypoints (the denoising queries' are not predicted: they learn
+            # boxes and classes only; the two-stage proposals' come from their own heads)
             every_layer = self.keypoint_embed(hs, boxes)  # [L, B, G*Q, K, 7]
             keypoints, aux_keypoints = every_layer[-1], tuple(every_layer[:-1]) if with_aux else ()
         return DetectionOutput(
@@ -460,12 +465,16 @@ class LWDETRHead(nn.Module):
             dn=dn,
             keypoints=keypoints,
             aux_keypoints=aux_keypoints,
+            enc_keypoints=enc_keypoints,
         )
 
-    def select_proposals(self, levels: FlatLevels, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def select_proposals(
+        self, levels: FlatLevels, groups: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Two-stage query selection, per group: every valid token's proposal is scored and
         moved by the group's encoder heads, and the Q best (by their highest class logit)
-        are kept -> their logits [B, G*Q, K] and boxes [B, G*Q, 4], in fp32."""
+        are kept -> their logits [B, G*Q, K] and boxes [B, G*Q, 4], in fp32, and with a
+        keypoint head their keypoints [B, G*Q, K', 7] relative to their boxes (else None)."""
         anchors, valid = token_proposals(levels)
         tokens = valid.shape[1]
         if tokens < self.num_queries:
@@ -474,7 +483,7 @@ class LWDETRHead(nn.Module):
                 "lower num_queries or feed larger images"
             )
         memory = levels.memory.masked_fill(~valid[..., None], 0.0)
-        logits, boxes = [], []
+        logits, boxes, keypoints = [], [], []
         for g in range(groups):
             out = self.enc_output_norm[g](self.enc_output[g](memory))
             with torch.autocast(out.device.type, enabled=False):
@@ -488,7 +497,9 @@ class LWDETRHead(nn.Module):
                 selected = out.gather(1, top[..., None].expand(-1, -1, out.shape[-1]))
                 anchor = anchors.gather(1, top[..., None].expand(-1, -1, 4))
                 boxes.append(refine_boxes(anchor, self.enc_out_bbox_embed[g](selected), self.bbox_reparam))
-        return torch.cat(logits, 1), torch.cat(boxes, 1)
+                if self.keypoint_embed is not None:
+                    keypoints.append(self.enc_out_keypoint_embed[g](selected, boxes[-1]))
+        return torch.cat(logits, 1), torch.cat(boxes, 1), torch.cat(keypoints, 1) if keypoints else None
 
 
 def from_rf_detr(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -342,7 +342,7 @@ class SetCriterion(nn.Module):
                         sums[name + suffix] = LossSum(terms[name + suffix] * divisor, denominator)
 
             # each layer's keypoints where the head predicts them (the object queries' decoder
-            # layers); the two-stage proposals and the denoising queries learn boxes and classes
+            # layers, the two-stage proposals); the denoising queries learn boxes and classes
             aux_keypoints = output.aux_keypoints or (None,) * len(output.aux)
             layers = [(output.logits, output.boxes, output.keypoints, "")]
             if self.aux_loss:
@@ -351,7 +351,7 @@ class SetCriterion(nn.Module):
                     for i, ((logits, boxes), keypoints) in enumerate(zip(output.aux, aux_keypoints, strict=True))
                 ]
             if output.enc is not None:
-                layers.append((*output.enc, None, "_enc"))
+                layers.append((*output.enc, output.enc_keypoints, "_enc"))
             for logits, boxes, keypoints, suffix in layers:
                 matches = self.matcher(
                     logits, boxes, targets, output.num_groups, self.class_loss, keypoints, self.keypoint_loss

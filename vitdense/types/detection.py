@@ -99,6 +99,7 @@ class DetectionOutput(NamedTuple):
             of the unpadded image, findable and visible logits, and the precision's Cholesky
             factor (log l11, l21, log l22) (`vitdense.losses.keypoints`); else None.
         aux_keypoints: the same from every earlier decoder layer, as `aux` (empty without).
+        enc_keypoints: a two-stage head's proposals' keypoints, as `enc`'s (None without).
     """
 
     logits: torch.Tensor
@@ -110,6 +111,7 @@ class DetectionOutput(NamedTuple):
     dn: Denoising | None = None
     keypoints: torch.Tensor | None = None
     aux_keypoints: tuple[torch.Tensor, ...] = ()
+    enc_keypoints: torch.Tensor | None = None
 
     def class_probs(self) -> torch.Tensor:
         """[B, Q, K] fp32 probability of each real class (softmax without "no object", or sigmoid)."""
