@@ -185,6 +185,15 @@ class MultiTask(L.LightningModule):
             for task in self.tasks.values():
                 task.prepare_data()
 
+    def drawn_parts(self, trainer: Any, tag: str) -> list[tuple[Any, Any, str, str]]:
+        """What `ValidationImages` draws of a multi-task model: each task's pictures of its own
+        validation images, [(the task's view of `trainer` (its DataModule and loader), the
+        task, `tag` under its name, its name)]."""
+        return [
+            (TaskTrainer.of(trainer, name, "val_dataloaders"), task, named(tag, name), name)
+            for name, task in self.tasks.items()
+        ]
+
     def setup(self, stage: str) -> None:
         data = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if data is not None:

@@ -25,7 +25,6 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitdense.core.draw import denormalize
 from vitdense.core.preprocess import LabelInfo
-from vitdense.tasks.multitask import MultiTask, TaskTrainer, named
 
 
 def log_images(trainer: L.Trainer, tag: str, images: list[np.ndarray], step: int) -> list[Path]:
@@ -102,12 +101,13 @@ class ValidationImages(L.Callback):
             return
         if not any(not isinstance(logger, DummyLogger) for logger in trainer.loggers):
             return
-        if isinstance(pl_module, MultiTask):  # each task draws its own images, logged under its name
-            for name, task in pl_module.tasks.items():
-                view = TaskTrainer.of(trainer, name, "val_dataloaders")
-                self.draw(view, task, pl_module.device, named(self.tag, name), name)
+        parts = getattr(pl_module, "drawn_parts", None)
+        if parts is None:
+            self.draw(trainer, pl_module, pl_module.device, self.tag)
             return
-        self.draw(trainer, pl_module, pl_module.device, self.tag)
+        # a module of several tasks (`MultiTask`): each draws its own images, under its own tag
+        for view, task, tag, key in parts(trainer, self.tag):
+            self.draw(view, task, pl_module.device, tag, key)
 
     def draw(self, trainer: Any, task: Any, device: torch.device, tag: str, key: str | None = None) -> None:
         """Log `task`'s pictures of its chosen validation images under `tag`."""
