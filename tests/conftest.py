@@ -95,6 +95,24 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture
+def sync_as_two_processes(monkeypatch):
+    """`sync(first, second)`: `first`'s list states gathered whole (`WholeListGather`) as on two
+    processes, the other holding `second`'s (the gather simulated: it returns both shards)."""
+
+    def sync(first, second) -> None:
+        shards = iter([list(getattr(second, attr)) for attr in second._reductions])
+        monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+        monkeypatch.setattr(
+            torch.distributed,
+            "all_gather_object",
+            lambda out, obj, group=None: out.__setitem__(slice(None), [obj, next(shards)]),
+        )
+        first._sync_dist()
+
+    return sync
+
+
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory):
     """The session's one cache of trained tiny models, every family (tests/tiny_runs.py):

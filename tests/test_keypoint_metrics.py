@@ -226,7 +226,7 @@ def test_max_detections_keeps_each_image_best(person_case, tmp_path):
     assert got == cut.tolist() and got != reference.tolist()
 
 
-def test_states_gathered_from_two_processes(person_case, monkeypatch):
+def test_states_gathered_from_two_processes(person_case, sync_as_two_processes):
     """Two processes holding 4 and 2 images (the gathering simulated: it returns both shards)
     give one process's figures; the order of the images does not change them."""
     _, gt, results, reference = person_case
@@ -234,14 +234,7 @@ def test_states_gathered_from_two_processes(person_case, monkeypatch):
     first, second = KeypointMeanAP(COCO_PERSON.sigmas), KeypointMeanAP(COCO_PERSON.sigmas)
     first.update(preds[:4], targets[:4])
     second.update(preds[4:], targets[4:])
-    shards = iter([list(getattr(second, attr)) for attr in second._reductions])
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(
-        torch.distributed,
-        "all_gather_object",
-        lambda out, obj, group=None: out.__setitem__(slice(None), [obj, next(shards)]),
-    )
-    first._sync_dist()
+    sync_as_two_processes(first, second)
     assert len(first.gt_labels) == len(first.det_keypoints) == 6
     assert figures(first.compute()) == reference.tolist()
     backwards = KeypointMeanAP(COCO_PERSON.sigmas)

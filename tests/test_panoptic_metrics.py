@@ -470,7 +470,7 @@ def test_torchmetrics_segm_map_drops_images_without_ground_truth(instance_case):
     assert plain.compute()["map"].item() > np.float32(cocoeval_segm(folder)[0])
 
 
-def test_mask_ap_gathers_every_process_images(instance_case, monkeypatch):
+def test_mask_ap_gathers_every_process_images(instance_case, sync_as_two_processes):
     """With the masks' RLE tuples among its list states, the whole-list gathering gives one
     process's figures (two processes simulated: the gather returns both shards)."""
     _, preds, targets, _ = instance_case
@@ -479,14 +479,7 @@ def test_mask_ap_gathers_every_process_images(instance_case, monkeypatch):
     first, second = InstanceMeanAP(), InstanceMeanAP()
     first.update(preds[:4], targets[:4])
     second.update(preds[4:], targets[4:])
-    shards = iter([list(getattr(second, attr)) for attr in second._reductions])
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(
-        torch.distributed,
-        "all_gather_object",
-        lambda out, obj, group=None: out.__setitem__(slice(None), [obj, next(shards)]),
-    )
-    first._sync_dist()
+    sync_as_two_processes(first, second)
     assert len(first.detection_mask) == len(whole.detection_mask) == 6
     assert first.compute()["map"].item() == whole.compute()["map"].item()
 

@@ -30,6 +30,14 @@ from vitdense.types.keypoints import COCO_PERSON, KeypointSchema
 #: the name prefixes of keypoints that trade places in a horizontally flipped image
 MIRRORED_PREFIXES = ("left_", "right_")
 VISIBILITIES = (0, 1, 2)
+#: what a visibility error says is expected
+VISIBILITY_RULE = "expected 0 (not labelled), 1 (labelled, not visible) or 2 (labelled and visible)"
+
+
+def first_bad_visibility(v: np.ndarray) -> int | None:
+    """The index of the first visibility [K] that is not 0, 1 or 2, or None."""
+    wrong = np.flatnonzero(~np.isin(v, VISIBILITIES))
+    return int(wrong[0]) if len(wrong) else None
 
 
 def flip_index_from_names(names: Sequence[str]) -> tuple[int, ...]:
@@ -139,12 +147,9 @@ def annotation_keypoints(ann: dict[str, Any], schema: KeypointSchema, where: str
                 f"{schema.names[bad[0] // 3]}); give finite pixel coordinates, or 0, 0, 0 for a keypoint not labelled"
             )
         points = np.asarray(values, dtype=np.float64).reshape(k, 3)
-        wrong = np.flatnonzero(~np.isin(points[:, 2], VISIBILITIES))
-        if len(wrong):
-            j = int(wrong[0])
+        if (j := first_bad_visibility(points[:, 2])) is not None:
             raise DataError(
-                f"{where} gives keypoint {j} ({schema.names[j]}) visibility {values[3 * j + 2]}; expected 0 (not "
-                "labelled), 1 (labelled, not visible) or 2 (labelled and visible)"
+                f"{where} gives keypoint {j} ({schema.names[j]}) visibility {values[3 * j + 2]}; {VISIBILITY_RULE}"
             )
     labelled = int((points[:, 2] > 0).sum())
     count = ann.get("num_keypoints")

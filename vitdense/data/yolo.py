@@ -71,7 +71,7 @@ from vitdense.data.base import LoaderConfig, Triple
 from vitdense.data.coco import COCO_LOADER
 from vitdense.data.coco_json import CocoIndex, coco_index
 from vitdense.data.detection import DetectionDataModule
-from vitdense.data.keypoints import VISIBILITIES, override_schema, schema_from_names
+from vitdense.data.keypoints import VISIBILITY_RULE, first_bad_visibility, override_schema, schema_from_names
 from vitdense.data.transforms.detection import DETR_SCALES
 from vitdense.data.transforms.universal import EOMT_SCALE_RANGE
 from vitdense.data.universal import (
@@ -322,13 +322,8 @@ def _parse_pose_line(
     clipped = _in_range(corners, where, "coordinates")
     raw = np.asarray(values[5:], dtype=np.float64).reshape(k, dim)
     if dim == 3:
-        wrong = np.flatnonzero(~np.isin(raw[:, 2], VISIBILITIES))
-        if len(wrong):
-            j = int(wrong[0])
-            raise DataError(
-                f"{where}: keypoint {j} has visibility {fields[5 + 3 * j + 2]}; expected 0 (not labelled), 1 "
-                "(labelled, not visible) or 2 (labelled and visible)"
-            )
+        if (j := first_bad_visibility(raw[:, 2])) is not None:
+            raise DataError(f"{where}: keypoint {j} has visibility {fields[5 + 3 * j + 2]}; {VISIBILITY_RULE}")
         v = raw[:, 2]
     else:  # Ultralytics' rule for [K, 2]: a negative coordinate marks a keypoint not labelled
         v = np.where((raw[:, 0] < 0) | (raw[:, 1] < 0), 0.0, 2.0)

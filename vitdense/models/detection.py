@@ -71,6 +71,13 @@ def postprocess(
     return found.boxes, found.scores, found.labels
 
 
+def keypoints_in_pixels(keypoints: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
+    """A keypoint head's [..., K, 7] -> [..., K, 3] in fp32: (x, y) times `size` (W, H) and
+    each keypoint's score, its findable probability (RF-DETR's reading)."""
+    keypoints = keypoints.float()
+    return torch.cat([keypoints[..., :2] * size, keypoints[..., 2:3].sigmoid()], -1)
+
+
 def read_detections(
     output: DetectionOutput,
     orig_sizes: Sequence[tuple[int, int]],
@@ -88,8 +95,7 @@ def read_detections(
         scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=xyxy.device)
         boxes_all.append(xyxy * scale)
         if output.keypoints is not None:
-            keypoints = output.keypoints[i, queries[i]].float()  # [k, K, 7]
-            keypoints_all.append(torch.cat([keypoints[..., :2] * scale[:2], keypoints[..., 2:3].sigmoid()], -1))
+            keypoints_all.append(keypoints_in_pixels(output.keypoints[i, queries[i]], scale[:2]))
     index = torch.arange(len(orig_sizes)) if index is None else index
     return Detections(
         index, boxes_all, list(scores), list(labels), keypoints_all if output.keypoints is not None else None
@@ -189,10 +195,8 @@ class DETRDetector(nn.Module):
         scale = torch.cat([scale[:1] * width, scale[1:2] * height, scale[2:3] * width, scale[3:] * height])
         if output.keypoints is None:
             return xyxy * scale, scores, labels
-        keypoints = output.keypoints.float()
-        keypoints = keypoints.gather(1, queries[..., None, None].expand(-1, -1, *keypoints.shape[2:]))
-        keypoints = torch.cat([keypoints[..., :2] * scale[:2], keypoints[..., 2:3].sigmoid()], -1)
-        return xyxy * scale, scores, labels, keypoints
+        keypoints = output.keypoints.gather(1, queries[..., None, None].expand(-1, -1, *output.keypoints.shape[2:]))
+        return xyxy * scale, scores, labels, keypoints_in_pixels(keypoints, scale[:2])
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,11 @@ class BaseTask(PredictsResults, RunsOnTrainer, PretrainedBackbone, L.LightningMo
         record_head(self.hparams, head)
         #: the head's factory as plain data (None: not a class or a partial of one), for `record_model`
         self.head_spec = HeadSpec.of(head)
+        self.build_metrics()
+
+    def build_metrics(self) -> None:
+        """Each stage's metrics from `configure_metrics` (prefixed `train/`, `val/`, `test/`);
+        a task that learns what to measure only from its data calls it again in `setup`."""
         metrics = self.configure_metrics()
         self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
 

@@ -29,7 +29,7 @@ from vitdense.metrics.detection import DetectionMeanAP
 from vitdense.metrics.keypoints import KEYPOINT_AP_KEYS, KeypointMeanAP
 from vitdense.models.detection import DetectorInference, DETRDetector, Selection
 from vitdense.results.detection import DetectionResult
-from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.pictures import draw_detected
 from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import DetectedImages, DetectionOutput, Detections, KeypointSchema, Losses, Size
@@ -185,8 +185,7 @@ class DetectionTask(BaseTask):
         if self.keypoint_schema is None:
             self.keypoint_schema = schema
             self.hparams["keypoint_schema"] = schema.to_dict()
-            metrics = self.configure_metrics()
-            self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
+            self.build_metrics()
 
     def forward_batch(self, batch: DetectedImages, stage: Stage) -> DetectionOutput:
         if stage == "train":  # (a head with denoising queries builds them from the targets)

@@ -44,7 +44,7 @@ from vitdense.models.universal import (
 )
 from vitdense.results.segmentation import SegmentationResult
 from vitdense.results.universal import InstanceResult, PanopticResult
-from vitdense.tasks.base import DEFAULT_BACKBONE, STAGES, BackboneConfig, BaseTask, HeadFactory, Stage
+from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, HeadFactory, Stage
 from vitdense.tasks.detection import MAP_KEYS, CriterionFactory, map_backend
 from vitdense.tasks.pictures import draw_panoptic, draw_segmented
 from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
@@ -284,8 +284,7 @@ class UniversalSegmentationTask(BaseTask):
         if len(self.is_thing) != self.num_classes:
             raise ConfigError(f"the data's is_thing has {len(self.is_thing)} entries for {self.num_classes} classes")
         self.hparams["is_thing"] = self.is_thing
-        metrics = self.configure_metrics()
-        self.train_metrics, self.val_metrics, self.test_metrics = (metrics.clone(prefix=f"{s}/") for s in STAGES)
+        self.build_metrics()
 
     # ------------------------------------------------------------------ annealing
     def mask_probability(self, block: int, step: int) -> float:
