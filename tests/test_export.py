@@ -53,6 +53,7 @@ def tiny_models():
                 num_cross_heads=2,
                 dim_feedforward=64,
                 dec_layers=1,
+                num_keypoints=2,  # (RF-DETR's keypoint queries, through their own neck)
             ),
             criterion=partial(SetCriterion, class_loss=SigmoidFocalLoss()),
             selection="top_k",

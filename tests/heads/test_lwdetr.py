@@ -19,7 +19,7 @@ from torchvision.ops import box_convert
 
 from vitdense.backbone import VisionTransformer, create_backbone
 from vitdense.heads import LWDETRHead, MultiLevelProjector
-from vitdense.heads.lwdetr import denoising_queries, refine_boxes
+from vitdense.heads.lwdetr import denoising_queries, from_rf_detr, refine_boxes
 from vitdense.heads.pyramid import FeatureLevels
 from vitdense.types import BoxTargets, ImageSizes
 
@@ -67,6 +67,52 @@ def test_decoder_equals_rf_detrs(ref, refine, train):
         torch.testing.assert_close(boxes, ref_boxes, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.enc[0], expected["enc"][0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.enc[1], expected["enc"][1], rtol=1e-4, atol=1e-5)
+
+
+KEYPOINT_REFERENCE = Path(__file__).with_name("rf_detr_keypoints_reference.pt")
+
+
+@pytest.mark.parametrize("downscale", [1, 2])
+def test_keypoint_queries_equal_rf_detrs(downscale):
+    """The GroupPose keypoint decoder against RF-DETR's own: `rf_detr_keypoints_reference.pt`
+    holds rfdetr 1.11.2's `Transformer` + `LWDETR.forward` (PyPI wheel) with its keypoint
+    preview's stream (`use_grouppose_keypoints`, 3 keypoints, `dual_projector_kp_only`: the
+    keypoints sample their own levels, `keypoint_cross_attn`, one class) on the levels above,
+    keypoint width hidden_dim / `downscale`, its parameters moved off their initial values
+    by a seeded draw (layer scales 0.5), mapped by `from_rf_detr`; in training (both groups)
+    and evaluation. RF-DETR's 8th keypoint channel is the class logit it sums into the logits."""
+    ref = torch.load(KEYPOINT_REFERENCE)
+    case = ref[f"downscale{downscale}"]
+    neck = partial(MultiLevelProjector, feature_indexes=(0,), scale_factors=(2.0, 1.0), num_blocks=1)
+    head = LWDETRHead(16, neck=neck, **{**HEAD, "num_classes": 1}, num_keypoints=3, keypoint_dim_downscale=downscale)
+    missing, unexpected = head.load_state_dict(case["state_dict"], strict=False)
+    assert not unexpected and all(k.startswith(("neck.", "keypoint_neck.")) for k in missing)
+    sizes = tuple(ImageSizes.full(2, (64, 48)).at_stride(s) for s in (8, 16))
+    for train in (True, False):
+        with torch.no_grad():
+            out = head.train(train).decode(
+                FeatureLevels(tuple(ref["maps"]), sizes), keypoint_levels=FeatureLevels(tuple(ref["kp_maps"]), sizes)
+            )
+        expected = case["train" if train else "eval"]
+        close = partial(torch.testing.assert_close, rtol=1e-4, atol=1e-5)
+        close(out.logits, expected["logits"])
+        close(out.boxes, expected["boxes"])
+        close(out.keypoints, expected["keypoints"][..., :7])
+        for keypoints, (_, _, ref_keypoints) in zip(out.aux_keypoints, expected["aux"], strict=True):
+            close(keypoints, ref_keypoints[..., :7])
+        close(out.enc[0], expected["enc"][0])
+        close(out.enc[1], expected["enc"][1])
+        close(out.enc_keypoints, expected["enc"][2][..., :7])
+
+
+def test_from_rf_detr_refuses_what_it_cannot_map():
+    """Keypoints per class (a class mask between their queries) and the inter-instance
+    keypoint attention have no counterpart: named, not dropped."""
+    with pytest.raises(ValueError, match="per class"):
+        from_rf_detr({"transformer.decoder.keypoint_class_mask": torch.tensor([[False, True], [True, False]])})
+    with pytest.raises(ValueError, match="inter-instance"):
+        from_rf_detr({"transformer.decoder.layers.0.inter_inst_kp_attn.in_proj_weight": torch.zeros(1)})
+    assert from_rf_detr({"transformer.decoder.keypoint_class_mask": torch.zeros(4, 4, dtype=torch.bool)}) == {}
 
 
 SIZES = [(64, 48), (40, 56)]  # padded to (64, 56): the first on the right, the second at the bottom

@@ -124,7 +124,7 @@ def test_detection_heads_predict_keypoints_on_every_layer(head_type):
     """Both DETR heads give [B, G*Q, K, 7] keypoints for the last layer and each earlier one,
     placed relative to that layer's boxes, trained through the criterion (every keypoint
     weight gets a gradient; LW-DETR's two-stage proposals have keypoints of their own heads,
-    its denoising queries none)."""
+    its denoising queries' keypoints theirs)."""
     torch.manual_seed(0)
     vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=2, num_heads=2).eval()
     small = dict(hidden_dim=32, num_queries=5, num_groups=2, num_heads=2, dim_feedforward=64, dec_layers=2)
@@ -135,7 +135,11 @@ def test_detection_heads_predict_keypoints_on_every_layer(head_type):
         head = LWDETRHead(24, 2, neck=neck, num_cross_heads=2, dn_groups=2, num_keypoints=5, **small)
         criterion = SetCriterion(2, class_loss=SigmoidFocalLoss())
     # move the keypoint head off its zero start, so that where it places keypoints shows
-    torch.nn.init.normal_(head.keypoint_embed.mlp[-2].weight, std=0.1)
+    if head_type == "detr":
+        torch.nn.init.normal_(head.keypoint_embed.mlp[-2].weight, std=0.1)
+    else:  # (and the proposals', or the layers before their zero last layer would get no gradient yet)
+        for mlp in [head.keypoint_embed, *head.enc_out_keypoint_embed]:
+            torch.nn.init.normal_(mlp.layers[-1].weight, std=0.1)
     images = torch.randn(3, 3, 32, 32)
     features = vit(images, intermediates=getattr(head, "feature_indexes", ()), norm_intermediates=True)
     targets = keypoint_targets()
@@ -143,19 +147,28 @@ def test_detection_heads_predict_keypoints_on_every_layer(head_type):
     output = head(features, targets) if head_type == "lwdetr" else head(features)
     assert output.keypoints.shape == (3, 10, 5, 7)
     assert len(output.aux_keypoints) == 1 and output.aux_keypoints[0].shape == (3, 10, 5, 7)
-    # relative to the layer's own box: (x - cx) / w is the same raw offset however the box is scaled
+    # DETR's relative to the layer's own box, LW-DETR's to the queries' reference boxes (as RF-DETR)
     offsets = (output.keypoints[..., :2] - output.boxes[..., None, :2]) / output.boxes[..., None, 2:]
     assert offsets.abs().max() > 0
     losses = criterion(output, targets)
     assert {"loss_keypoints_l1", "loss_keypoints_nll_0"} <= losses.terms.keys()
-    assert not any(k.startswith("loss_keypoints") and "_dn" in k for k in losses.terms)
+    # LW-DETR's denoising queries learn their targets' keypoints too (their own keypoint queries)
+    assert (
+        ("loss_keypoints_l1_dn" in losses.terms)
+        == ("loss_keypoints_nll_dn_0" in losses.terms)
+        == (head_type == "lwdetr")
+    )
     # the two-stage proposals' keypoints, from their own heads (RF-DETR's enc_out_keypoint_embed)
     assert ("loss_keypoints_l1_enc" in losses.terms) == (head_type == "lwdetr")
     losses.total.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.keypoint_embed.parameters())
     if head_type == "lwdetr":
         assert output.enc_keypoints.shape == (3, 10, 5, 7)
-        assert all(p.grad is not None for p in head.enc_out_keypoint_embed.parameters())
+        # the keypoint queries' whole stream learns: initialisers, positions, every layer, their neck
+        stream = [head.keypoint_decoder, head.keypoint_query_initializer, head.keypoint_query_initializer_enc]
+        stream += [head.keypoint_neck, head.enc_out_keypoint_embed]
+        named = [(n, p) for m in stream for n, p in m.named_parameters()] + [("pos", head.keypoint_pos_embed)]
+        assert not [n for n, p in named if p.grad is None or p.grad.abs().sum() == 0]
     head.eval()
     with torch.no_grad():
         out = head(features)

@@ -45,9 +45,10 @@ from torchvision.ops import box_convert
 from vitdense.backbone import ViTFeatures
 from vitdense.heads.deformable import MSDeformAttn
 from vitdense.heads.detr import MLP, DETRDecoderLayer, inverse_sigmoid
-from vitdense.heads.keypoints import KeypointHead
+from vitdense.heads.keypoints import ConditionalQueryInitializer, KeypointQueryLayer, place_keypoints
 from vitdense.heads.pyramid import FeatureLevels, MultiLevelProjector
 from vitdense.types import BoxTargets, Denoising, DetectionOutput, ImageSizes
+from vitdense.types.keypoints import KEYPOINT_CHANNELS
 
 #: `neck(embed_dim, out_dim)` -> module from `ViTFeatures` to `FeatureLevels`
 NeckFactory = Callable[[int, int], nn.Module]
@@ -279,9 +280,17 @@ class LWDETRHead(nn.Module):
             label flipping; DINO: 0.5).
         dn_box_noise: how far a denoising box's corners move, as a share of half its
             width and height (DINO's box_noise_scale: 1.0; DN-DETR: 0.4).
-        num_keypoints: K > 0: every object query also predicts its object's K keypoints
-            relative to its box (`KeypointHead`, one for all layers), in
-            `DetectionOutput.keypoints`.
+        num_keypoints: K > 0: every object query carries K keypoint queries through the
+            decoder (RF-DETR's GroupPose decoder, `vitdense.heads.keypoints`), read by one MLP
+            into the object's keypoints relative to its reference box, in
+            `DetectionOutput.keypoints`; their class channel is summed into every class's
+            logit (RF-DETR adds it to the logit of the class the schema belongs to: the same
+            with one class).
+        keypoint_dim_downscale: the keypoint queries are hidden_dim / this wide (RF-DETR's
+            `grouppose_keypoint_dim_downscale`; its keypoint preview: 1).
+        keypoint_cross_attn: the keypoint queries sample the image (RF-DETR's default: True).
+        keypoint_neck: they sample a second neck's levels (RF-DETR's `dual_projector` with
+            `dual_projector_kp_only`, its keypoint preview's); else the objects'.
     """
 
     def __init__(
@@ -307,6 +316,9 @@ class LWDETRHead(nn.Module):
         dn_label_noise: float = 0.5,
         dn_box_noise: float = 1.0,
         num_keypoints: int = 0,
+        keypoint_dim_downscale: int = 1,
+        keypoint_cross_attn: bool = True,
+        keypoint_neck: bool = True,
     ) -> None:
         super().__init__()
         if dn_groups < 0 or not 0 <= dn_label_noise <= 1 or not 0 <= dn_box_noise <= 1:
@@ -350,17 +362,52 @@ class LWDETRHead(nn.Module):
         if dn_groups:
             self.label_embed = nn.Embedding(num_classes, hidden_dim)  # denoising queries' content
         self.num_keypoints = num_keypoints
-        self.keypoint_embed = KeypointHead(hidden_dim, num_keypoints) if num_keypoints else None
+        self.keypoint_embed = self.keypoint_neck = None
+        if num_keypoints:
+            if hidden_dim % keypoint_dim_downscale:
+                raise ValueError(
+                    f"keypoint_dim_downscale={keypoint_dim_downscale} does not divide hidden_dim={hidden_dim}"
+                )
+            c = hidden_dim // keypoint_dim_downscale
+            self.keypoint_neck = (neck or MultiLevelProjector)(embed_dim, hidden_dim) if keypoint_neck else None
+            self.keypoint_query_initializer = ConditionalQueryInitializer(hidden_dim, num_keypoints, c)
+            self.keypoint_pos_embed = nn.Parameter(torch.randn(num_keypoints, c))
+            self.keypoint_decoder = nn.ModuleList(
+                KeypointQueryLayer(
+                    hidden_dim,
+                    c,
+                    num_heads // keypoint_dim_downscale,
+                    num_cross_heads // keypoint_dim_downscale,
+                    num_levels,
+                    num_points,
+                    dropout,
+                    keypoint_cross_attn,
+                )
+                for _ in range(dec_layers)
+            )
+            # (dx, dy, findable, visible, log l11, l21, log l22, class logit) per keypoint query
+            self.keypoint_embed = MLP(c, c, KEYPOINT_CHANNELS + 1, 3)
+            if two_stage:  # the proposals' keypoint queries, from their selected tokens
+                self.keypoint_query_initializer_enc = ConditionalQueryInitializer(hidden_dim, num_keypoints, c)
         self.reset_parameters(prior_prob)
 
     def reset_parameters(self, prior_prob: float) -> None:
         """RF-DETR's initialisation: Xavier for the decoder's matrices (deformable attention
         keeps its own), the class bias at `prior_prob`, box heads and learned reference offsets
         at zero, the two-stage heads copies of the decoder's."""
-        for p in self.decoder.parameters():
+        # RF-DETR's transformer initialises all its matrices so, the keypoint queries, their
+        # positions and initialisers included (which undoes the initialisers' zero last layer)
+        decoder = [self.decoder]
+        if self.keypoint_embed is not None:
+            decoder += [self.keypoint_decoder, self.keypoint_query_initializer]
+            decoder += [self.keypoint_query_initializer_enc] if self.two_stage else []
+            nn.init.xavier_uniform_(self.keypoint_pos_embed)
+            nn.init.zeros_(self.keypoint_embed.layers[-1].weight)
+            nn.init.zeros_(self.keypoint_embed.layers[-1].bias)
+        for p in nn.ModuleList(decoder).parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
-        for module in self.decoder.modules():
+        for module in nn.ModuleList(decoder).modules():
             if isinstance(module, MSDeformAttn):
                 module.reset_parameters()
         nn.init.constant_(self.class_embed.bias, -math.log((1 - prior_prob) / prior_prob))
@@ -370,7 +417,7 @@ class LWDETRHead(nn.Module):
         if self.two_stage:
             self.enc_out_class_embed = nn.ModuleList(copy.deepcopy(self.class_embed) for _ in range(self.num_groups))
             self.enc_out_bbox_embed = nn.ModuleList(copy.deepcopy(self.bbox_embed) for _ in range(self.num_groups))
-            if self.keypoint_embed is not None:  # the proposals' keypoints (RF-DETR's enc_out_keypoint_embed)
+            if self.keypoint_embed is not None:  # the proposals' keypoint heads
                 self.enc_out_keypoint_embed = nn.ModuleList(
                     copy.deepcopy(self.keypoint_embed) for _ in range(self.num_groups)
                 )
@@ -386,10 +433,17 @@ class LWDETRHead(nn.Module):
         earlier layers' in `aux` and the two-stage proposals' in `enc`; G is `num_groups` in
         training and 1 in evaluation. With denoising on, training also takes the targets and
         returns the denoising queries' predictions in `dn`."""
-        return self.decode(self.neck(features), targets)
+        keypoint_levels = self.keypoint_neck(features) if self.keypoint_neck is not None else None
+        return self.decode(self.neck(features), targets, keypoint_levels)
 
-    def decode(self, feature_levels: FeatureLevels, targets: Sequence[BoxTargets] | None = None) -> DetectionOutput:
-        """The decoder and heads over the neck's levels (see `forward`)."""
+    def decode(
+        self,
+        feature_levels: FeatureLevels,
+        targets: Sequence[BoxTargets] | None = None,
+        keypoint_levels: FeatureLevels | None = None,
+    ) -> DetectionOutput:
+        """The decoder and heads over the neck's levels (see `forward`); the keypoint
+        queries sample `keypoint_levels` (the keypoint neck's), else the same levels."""
         levels = FlatLevels.of(feature_levels)
         b = levels.memory.shape[0]
         groups = self.num_groups if self.training else 1
@@ -414,6 +468,10 @@ class LWDETRHead(nn.Module):
             reference = torch.cat([noised.boxes, reference], 1)
             mask = denoising_mask(noised.valid, self.dn_groups, groups, self.num_queries)
             mask = mask.repeat_interleave(self.decoder[0].self_attn.num_heads, 0)
+        keypoint_tgt, keypoint_hidden = None, []
+        if self.keypoint_embed is not None:
+            keypoint_tgt = self.keypoint_query_initializer(tgt)  # [B, N, K, c]
+            keypoint_memory = FlatLevels.of(keypoint_levels).memory if keypoint_levels is not None else levels.memory
         hidden, inputs = [], [reference]
         for i, layer in enumerate(self.decoder):
             # with fixed references (RF-DETR's lite refinement) every layer has the same reference
@@ -424,6 +482,18 @@ class LWDETRHead(nn.Module):
                 # to the padded map, which makes a query's position depend on the batch's padding)
                 query_pos = self.ref_point_head(box_sine_embedding(reference, self.hidden_dim // 2).to(tgt.dtype))
             tgt = layer(tgt, query_pos, scaled, levels, groups, mask if noised is not None else None)
+            if keypoint_tgt is not None:
+                tgt, keypoint_tgt = self.keypoint_decoder[i](
+                    tgt,
+                    query_pos,
+                    keypoint_tgt,
+                    self.keypoint_pos_embed,
+                    scaled,
+                    keypoint_memory,
+                    levels.spatial_shapes,
+                    levels.padding,
+                )
+                keypoint_hidden.append(keypoint_tgt)
             hidden.append(self.decoder_norm(tgt))
             if self.refine_references and i < len(self.decoder) - 1:
                 with torch.autocast(tgt.device.type, enabled=False):
@@ -440,20 +510,27 @@ class LWDETRHead(nn.Module):
             boxes = torch.stack(
                 [refine_boxes(r, self.bbox_embed(h), self.bbox_reparam) for r, h in zip(inputs, hs, strict=True)]
             )
+            every_layer = None
+            if keypoint_tgt is not None:
+                # each layer's keypoints relative to its reference box, as RF-DETR
+                delta = self.keypoint_embed(torch.stack(keypoint_hidden).float())  # [L, B, N, K, 8]
+                every_layer, logits = keypoint_outputs(delta, torch.stack(inputs), logits)
         dn = None
         if noised is not None:  # split the denoising queries off
             d = noised.labels.shape[1]
-            dn = Denoising(tuple(zip(logits[:, :, :d], boxes[:, :, :d], strict=True)), noised.matches, self.dn_groups)
+            # with keypoints, a denoising query also learns its target's keypoints (its keypoint
+            # queries are made from its class's embedding and sample around its noised box)
+            dn_keypoints = tuple(every_layer[:, :, :d]) if every_layer is not None else None
+            layers = tuple(zip(logits[:, :, :d], boxes[:, :, :d], strict=True))
+            dn = Denoising(layers, noised.matches, self.dn_groups, dn_keypoints)
             logits, boxes, hs = logits[:, :, d:], boxes[:, :, d:], hs[:, :, d:]
+            every_layer = every_layer[:, :, d:] if every_layer is not None else None
         # (a one-layer decoder has none: zip over an empty slice puts an unbind into zero tensors in
         # an exported graph, which torch.export saves to a .pt2 it cannot load back)
         with_aux = self.aux_loss and len(logits) > 1
         aux = tuple(zip(logits[:-1], boxes[:-1], strict=True)) if with_aux else ()
         keypoints, aux_keypoints = None, ()
-        if self.keypoint_embed is not None:
-            # the object queries' keypoints (the denoising queries' are not predicted: they learn
-            # boxes and classes only; the two-stage proposals' come from their own heads)
-            every_layer = self.keypoint_embed(hs, boxes)  # [L, B, G*Q, K, 7]
+        if every_layer is not None:
             keypoints, aux_keypoints = every_layer[-1], tuple(every_layer[:-1]) if with_aux else ()
         return DetectionOutput(
             logits[-1],
@@ -498,19 +575,46 @@ class LWDETRHead(nn.Module):
                 anchor = anchors.gather(1, top[..., None].expand(-1, -1, 4))
                 boxes.append(refine_boxes(anchor, self.enc_out_bbox_embed[g](selected), self.bbox_reparam))
                 if self.keypoint_embed is not None:
-                    keypoints.append(self.enc_out_keypoint_embed[g](selected, boxes[-1]))
+                    delta = self.enc_out_keypoint_embed[g](self.keypoint_query_initializer_enc(selected))
+                    group_keypoints, logits[-1] = keypoint_outputs(delta, boxes[-1], logits[-1])
+                    keypoints.append(group_keypoints)
         return torch.cat(logits, 1), torch.cat(boxes, 1), torch.cat(keypoints, 1) if keypoints else None
+
+
+def keypoint_outputs(
+    delta: torch.Tensor, references: torch.Tensor, logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A keypoint MLP's outputs delta [..., N, K, 8] for queries with reference boxes
+    references [..., N, 4] and class logits [..., N, C] -> keypoints [..., N, K, 7] placed
+    relative to the reference boxes, and the logits with each query's keypoints' class channel
+    summed into every class (RF-DETR's `_aggregate_keypoint_class_logits` for one schema).
+
+    A non-finite output is zeroed first (as RF-DETR): the placement multiplies it by the box
+    size, and 0 * nan would reach the box head's gradient."""
+    delta = delta.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return place_keypoints(delta, references), logits + delta[..., KEYPOINT_CHANNELS].sum(-1, keepdim=True)
 
 
 def from_rf_detr(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """RF-DETR's (and LW-DETR's) decoder and heads in `LWDETRHead`'s names: an `LWDETR`
     state dict (its `model` entry of a checkpoint) -> the keys of `LWDETRHead` except the
-    neck. Backbone and projector keys are left out: RF-DETR's DINOv2 and projector are not
-    vitdense's modules."""
+    necks. Backbone and projector keys are left out: RF-DETR's DINOv2 and projectors are not
+    vitdense's modules. A keypoint model's GroupPose stream maps to `keypoint_decoder` (its
+    inter-instance keypoint attention, off in RF-DETR's preview, has no counterpart here)."""
     renamed = {}
     for key, value in state_dict.items():
         if key.startswith("transformer.decoder.bbox_embed."):
             continue  # the same module as `bbox_embed`, listed twice
+        if key.endswith("keypoint_class_mask"):  # blocks attention between classes' keypoints
+            if value.any():
+                raise ValueError(f"{key}: keypoints per class are not supported by LWDETRHead (one schema for all)")
+            continue
+        if ".inter_inst_kp_" in key:
+            raise ValueError(f"{key}: RF-DETR's inter-instance keypoint attention is not supported by LWDETRHead")
+        key = key.replace("transformer.decoder.keypoint_pos_embed", "keypoint_pos_embed")
+        parts = key.split(".")
+        if key.startswith("transformer.decoder.layers.") and parts[4] in KEYPOINT_LAYER_KEYS:
+            key = ".".join(["keypoint_decoder", parts[3], KEYPOINT_LAYER_KEYS[parts[4]], *parts[5:]])
         key = key.replace("transformer.decoder.layers.", "decoder.")
         key = key.replace("transformer.decoder.norm.", "decoder_norm.")
         key = key.replace("transformer.decoder.ref_point_head.", "ref_point_head.")
@@ -519,6 +623,23 @@ def from_rf_detr(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
             renamed[key] = value
     return renamed
 
+
+#: RF-DETR's names in a decoder layer's keypoint stream -> `KeypointQueryLayer`'s
+KEYPOINT_LAYER_KEYS = {
+    "inst_in_proj": "in_proj",
+    "inst_pos_in_proj": "pos_in_proj",
+    "inst_out_proj": "out_proj",
+    "memory_in_proj": "memory_in_proj",
+    "kp_inst_self_attn": "self_attn",
+    "kp_inst_norm": "instance_norm",
+    "kp_norm": "norm1",
+    "kp_cross_attn": "cross_attn",
+    "kp_cross_attn_norm": "norm2",
+    "kp_linear1": "linear1",
+    "kp_linear3": "linear2",
+    "kp_norm5": "norm3",
+    "instance_kp_layer_scale": "layer_scale",
+}
 
 #: the top-level names of `LWDETRHead`'s modules that RF-DETR also has
 LWDETR_KEYS = {
@@ -533,4 +654,10 @@ LWDETR_KEYS = {
     "enc_output_norm",
     "enc_out_class_embed",
     "enc_out_bbox_embed",
+    "keypoint_decoder",
+    "keypoint_pos_embed",
+    "keypoint_query_initializer",
+    "keypoint_query_initializer_enc",
+    "keypoint_embed",
+    "enc_out_keypoint_embed",
 }

@@ -358,12 +358,13 @@ class SetCriterion(nn.Module):
                 )
                 supervise(logits, boxes, keypoints, matches, output.num_groups, suffix)
             if output.dn is not None:  # denoising queries: their targets are known, no matching
-                *earlier, last = output.dn.layers
+                dn_keypoints = output.dn.keypoints or (None,) * len(output.dn.layers)
+                *earlier, last = zip(output.dn.layers, dn_keypoints, strict=True)
                 dn_layers = [(*last, "_dn")]
                 if self.aux_loss:
                     dn_layers += [(*layer, f"_dn_{i}") for i, layer in enumerate(earlier)]
-                for logits, boxes, suffix in dn_layers:
-                    supervise(logits, boxes, None, output.dn.matches, output.dn.num_groups, suffix)
+                for (logits, boxes), keypoints, suffix in dn_layers:
+                    supervise(logits, boxes, keypoints, output.dn.matches, output.dn.num_groups, suffix)
             total = torch.stack(list(terms.values())).sum()
         return Losses(total, terms, sums)
 

@@ -72,11 +72,14 @@ class Denoising(NamedTuple):
         matches: per image, (denoising query indices, target indices): each of the
             `num_groups` groups holds every target of the image once.
         num_groups: denoising groups (each target appears once per group).
+        keypoints: with a keypoint head, each layer's keypoints [B, D, K, 7], first to last
+            (as `DetectionOutput.keypoints`); else None.
     """
 
     layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
     matches: list[tuple[torch.Tensor, torch.Tensor]]
     num_groups: int
+    keypoints: tuple[torch.Tensor, ...] | None = None
 
 
 class DetectionOutput(NamedTuple):
