@@ -4,7 +4,7 @@ from vitdense.heads.classification import ClassificationHead, pool_tokens
 from vitdense.heads.detr import DETRHead
 from vitdense.heads.dpt import DPTHead
 from vitdense.heads.eomt import EoMTHead
-from vitdense.heads.keypoints import KeypointHead
+from vitdense.heads.keypoints import ConditionalQueryInitializer, KeypointHead, KeypointQueryLayer
 from vitdense.heads.linear_probe import LinearProbeHead, probe_features
 from vitdense.heads.lwdetr import LWDETRHead
 from vitdense.heads.pyramid import MultiLevelProjector, SimpleFeaturePyramid
@@ -12,10 +12,12 @@ from vitdense.heads.segmenter import LinearDecoder, MaskTransformerDecoder
 
 __all__ = [
     "ClassificationHead",
+    "ConditionalQueryInitializer",
     "DETRHead",
     "DPTHead",
     "EoMTHead",
     "KeypointHead",
+    "KeypointQueryLayer",
     "LinearDecoder",
     "LinearProbeHead",
     "LWDETRHead",

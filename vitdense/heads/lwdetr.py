@@ -8,6 +8,8 @@ Robinson et al. 2025, "RF-DETR").
     queries (learned content [Q, d]) --decoder layers: self-attn, deformable cross-attn to
                the levels around the reference box, FFN--> [L, B, Q, d]
     every layer --class head--> [B, Q, K] sigmoid logits   --box head--> reference box moved by it
+    with keypoints: each query's K keypoint queries run beside it in every layer (RF-DETR's
+               GroupPose decoder, `vitdense.heads.keypoints`) --MLP--> keypoints per layer
 
 As RF-DETR (its defaults; each an argument): post-norm decoder layers; the query position is
 an MLP of the sine embedding of the reference box (Conditional / DAB-DETR); the class and box
