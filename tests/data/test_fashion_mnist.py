@@ -4,6 +4,7 @@ the reader against torchvision's, the splits, the unlabelled variant pre-trainin
 errors that name the file and the fix. Nothing here reads the installed package."""
 
 import gzip
+import importlib.util
 import io
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from vitdense.data.fashion_mnist import IMAGES_MAGIC, LABELS_MAGIC
 from vitdense.tasks import MaskedImageModelingTask
 
 CONFIGS = Path(__file__).parents[2] / "configs"
+SCRIPT = Path(__file__).parents[2] / "data_scripts" / "fashion_mnist.py"
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 SIZES = {"train": 12, "t10k": 6}
 
@@ -229,3 +231,14 @@ def test_mae_pretrains_on_the_unlabeled_images_through_the_command_line(tmp_path
     cli = main(["fit", "--config", str(tmp_path / "pretrain.yaml")])
     assert cli.trainer.global_step == 2 and isinstance(cli.model, MaskedImageModelingTask)
     assert torch.isfinite(cli.trainer.callback_metrics["train/loss"])
+
+
+def test_the_measurement_script_reads_a_copy(tmp_path, capsys):
+    write_fashion_mnist(tmp_path)
+    spec = importlib.util.spec_from_file_location("fashion_mnist_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    result = script.main(["--root", str(tmp_path), "--img-size", "16", "--batch-size", "4"])
+    assert result["batches"] == 3  # 12 training images, full batches of 4
+    out = capsys.readouterr().out
+    assert "train: 12 images of 28x28 uint8" in out and "T-shirt/top 2, Trouser 2, Pullover 1" in out

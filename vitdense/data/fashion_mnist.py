@@ -72,11 +72,14 @@ def read_idx(path: str | Path, magic: int) -> np.ndarray:
         [N, H, W] or [N] uint8, read-only (a view of the file's bytes).
 
     Raises:
-        DataError: the file is not readable gzip, has another magic number, or is shorter
+        DataError: the file cannot be read, is not readable gzip, has another magic number, or is shorter
             or longer than its header says; the message names the file.
     """
     path = Path(path)
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:  # a folder of that name, no permission
+        raise DataError(f"{path}: cannot be read ({err.strerror})") from err
     if data[:2] == b"\x1f\x8b":  # gzip's own magic
         try:
             data = gzip.decompress(data)
