@@ -3,12 +3,12 @@
 The objective (`FeatureDistillation`) is two mean squared errors through learned projectors
 (student width -> teacher width):
 
-- patch tokens: LightlyTrain's `distillationv2` objective (LightlyTrain 0.7+, "distillation"
-  in its docs; after Beyer et al., "Knowledge distillation: A good teacher is patient and
-  consistent", CVPR 2022): the teacher's patch tokens of its last `teacher_blocks` blocks, each
-  through the teacher's final norm, concatenated along the channels, against a linear
-  projection of the student's patch tokens (truncated normal, std 0.02), MSE over tokens and
-  channels, no other normalisation;
+- patch tokens: LightlyTrain's `distillationv2` objective (its `method="distillation"` from
+  0.7.0 until 0.15.0 made v3 the default; its docs name Beyer et al., "Knowledge distillation:
+  A good teacher is patient and consistent", CVPR 2022, as the inspiration): the patch tokens
+  of the teacher's last `teacher_blocks` blocks, each through its final norm, concatenated
+  along the channels, against a linear projection of the student's patch tokens (truncated
+  normal, std 0.02), MSE over tokens and channels, no other normalisation;
 - class token: timm 1.0.31's `timm.task.distillation.FeatureDistillationTask`: MSE between the
   student's pooled pre-logits through a linear projector and the teacher's (a ViT with a class
   token: the class token after the final norm).
@@ -167,10 +167,10 @@ class FeatureDistillation(nn.Module):
             keep = keep & ~padding
         return DistillationOutput(
             pred=self.patch_proj(student.patch_tokens),
-            target=target.reshape(b, n, -1).to(student.patch_tokens.dtype),
+            target=target.reshape(b, n, -1),  # fp32: the teacher's numbers, whatever the student's autocast
             keep=keep.reshape(b, n),
             pooled_pred=self.cls_proj(pooled_features(student)),
-            pooled_target=teacher.pooled.to(student.patch_tokens.dtype),
+            pooled_target=teacher.pooled.float(),
             image_sizes=sizes,
         )
 

@@ -56,6 +56,8 @@ class FeatureDistillationTask(BaseTask):
 
     monitor: ClassVar[str] = "val/loss"
     mode: ClassVar[Literal["min", "max"]] = "min"
+    #: how the teacher is run, not what the student is: may differ at validate and test
+    evaluation_settings: ClassVar[tuple[str, ...]] = ("compile", "teacher_cache", "teacher_precision")
 
     def __init__(
         self,
