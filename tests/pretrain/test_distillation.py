@@ -4,6 +4,7 @@ v2's patch-token loss (reference number), the loss by hand, padding, grid resamp
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from timm.task.distillation import FeatureDistillationTask as TimmFeatureDistillation
 from torch import nn
 
@@ -154,4 +155,22 @@ def test_cache_round_trip_and_refused_other_view(tmp_path):
         cache.get(image, view_fingerprint(view.flip(-1)))
     # another teacher (here: two blocks instead of one) has another key, and so reads nothing of these
     other = TeacherFeatureCache.teacher_key(config(), 2, False)
+    assert TeacherFeatureCache.teacher_key(config(), 1, False, scale=2.0) not in (key, other)
     assert other != key and TeacherFeatureCache(tmp_path / "cache", other).get(image, view_fingerprint(view)) is None
+
+
+def test_teacher_at_another_image_size():
+    """A teacher with twice the student's patch size sees the images at twice their size
+    (`scale=2`): its grid is the student's, padded images included (20 x 27 -> 40 x 54 px)."""
+    student, teacher, objective, images, _ = build(teacher_patch=16)
+    sizes = ImageSizes.of([(32, 32), (20, 27)])
+    images[1, :, 20:], images[1, :, :, 27:] = 0, 0
+    scaled = FrozenTeacher(teacher.encoder, blocks=2, bf16=False, scale=2.0)
+    features = scaled(images, sizes)
+    assert features.image_sizes.grids == ((4, 4), (3, 4)) and features.patches.shape[1:3] == (4, 4)
+    big = F.interpolate(images, size=(64, 64), mode="bilinear", align_corners=False)
+    direct = teacher(big, ImageSizes(((64, 64), (40, 54)), (64, 64)))
+    torch.testing.assert_close(features.patches, direct.patches)
+    output = objective(student(images, sizes), features)
+    assert output.keep.sum(1).tolist() == [16, 12]
+    torch.testing.assert_close(output.target.reshape(2, 4, 4, -1), features.patches)  # equal grids: as they are

@@ -214,13 +214,21 @@ class FrozenTeacher(nn.Module):
         blocks: how many of its last blocks make the patch features (each through the final norm).
         bf16: run under bf16 autocast: None (default) where the device computes bf16 natively
             (`teacher_autocast`), False never (fp32: the numbers of the references), True always.
+        scale: the teacher sees the images resized by this factor (bilinear on the padded batch,
+            antialiased when shrinking; each image's size scaled and rounded), e.g. 2 for a
+            teacher with twice the student's patch size to give the student's grid; 1: as they are.
     """
 
-    def __init__(self, encoder: VisionTransformer, blocks: int = 1, bf16: bool | None = None) -> None:
+    def __init__(
+        self, encoder: VisionTransformer, blocks: int = 1, bf16: bool | None = None, scale: float = 1.0
+    ) -> None:
         super().__init__()
+        if scale <= 0:
+            raise ConfigError(f"teacher scale={scale}: the factor the teacher's images are resized by must be > 0")
         self.encoder = encoder
         self.blocks = blocks
         self.bf16 = bf16
+        self.scale = scale
         encoder.requires_grad_(False)
         encoder.eval()
         cfg = getattr(encoder, "pretrained_cfg", {}) or {}
@@ -246,9 +254,25 @@ class FrozenTeacher(nn.Module):
         self.data_mean.copy_(torch.as_tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
         self.data_std.copy_(torch.as_tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
 
+    def input_sizes(self, image_sizes: ImageSizes) -> ImageSizes:
+        """The `ImageSizes` (in pixels) of the batch as the teacher sees it (`scale`)."""
+        if self.scale == 1.0:
+            return image_sizes
+        s = self.scale
+        padded = (max(1, round(image_sizes.padded[0] * s)), max(1, round(image_sizes.padded[1] * s)))
+        sizes = tuple(
+            (min(max(1, round(h * s)), padded[0]), min(max(1, round(w * s)), padded[1])) for h, w in image_sizes.sizes
+        )
+        return ImageSizes(sizes, padded)
+
     @torch.no_grad()
     def forward(self, images: torch.Tensor, image_sizes: ImageSizes | None = None) -> TeacherFeatures:
         """images [B, C, H, W] normalised for the student, padded as `image_sizes` says."""
+        if self.scale != 1.0:
+            image_sizes = self.input_sizes(image_sizes or ImageSizes.full(images.shape[0], tuple(images.shape[-2:])))
+            images = F.interpolate(
+                images, size=image_sizes.padded, mode="bilinear", align_corners=False, antialias=self.scale < 1
+            )
         if not (torch.equal(self.data_mean, self.teacher_mean) and torch.equal(self.data_std, self.teacher_std)):
             images = (images * self.data_std + self.data_mean - self.teacher_mean) / self.teacher_std
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=self.uses_bf16(images.device)):
@@ -347,7 +371,7 @@ class TeacherFeatureCache:
     flip or colour jitter; evaluation transforms); each entry records its view's pixel hash,
     and a different view of a cached file raises `ConfigError` rather than train on features of
     another crop. The teacher key hashes the teacher's config, its weights file's fingerprint,
-    the blocks taken and whether it ran in bf16: another teacher never reads these entries.
+    the blocks taken, whether it ran in bf16 and its input scale: another teacher never reads these entries.
     """
 
     def __init__(self, folder: str | Path, teacher_key: str) -> None:
@@ -356,11 +380,13 @@ class TeacherFeatureCache:
         self.hits = self.misses = 0
 
     @staticmethod
-    def teacher_key(config: Any, blocks: int, bf16: bool) -> str:
-        """The teacher's identity: its config's fields, its weights file, blocks, precision."""
+    def teacher_key(config: Any, blocks: int, bf16: bool, scale: float = 1.0) -> str:
+        """The teacher's identity: its config's fields, its weights file, blocks, precision, input scale."""
         fields = {k: getattr(config, k) for k in ("name", "pretrained", "img_size", "model_args")}
         weights = file_fingerprint(config.checkpoint) if getattr(config, "checkpoint", None) else None
-        text = json.dumps({**fields, "weights": weights, "blocks": blocks, "bf16": bf16}, sort_keys=True, default=str)
+        text = json.dumps(
+            {**fields, "weights": weights, "blocks": blocks, "bf16": bf16, "scale": scale}, sort_keys=True, default=str
+        )
         return hashlib.sha1(text.encode()).hexdigest()[:16]
 
     def entry(self, source: str | Path) -> Path:

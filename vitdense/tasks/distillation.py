@@ -49,6 +49,8 @@ class FeatureDistillationTask(BaseTask):
             every epoch (no random crop or flip; refused otherwise). None: no cache.
         teacher_precision: "auto": the teacher in bf16 autocast where the device computes bf16
             natively (`vitdense.core.precision`), else fp32; "32": always fp32.
+        teacher_scale: the teacher sees the images resized by this factor (`FrozenTeacher.scale`):
+            another image size than the student's; its grid is resampled to the student's either way.
         num_classes, class_names: unused (linked from a DataModule that has classes; their
             labels are never read).
         (the rest: see `BaseTask`)
@@ -57,7 +59,11 @@ class FeatureDistillationTask(BaseTask):
     monitor: ClassVar[str] = "val/loss"
     mode: ClassVar[Literal["min", "max"]] = "min"
     #: how the teacher is run, not what the student is: may differ at validate and test
-    evaluation_settings: ClassVar[tuple[str, ...]] = ("compile", "teacher_cache", "teacher_precision")
+    evaluation_settings: ClassVar[tuple[str, ...]] = (
+        "compile",
+        "teacher_cache",
+        "teacher_precision",
+    )  # (not teacher_scale: it changes what is taught)
 
     def __init__(
         self,
@@ -65,6 +71,7 @@ class FeatureDistillationTask(BaseTask):
         objective: ObjectiveFactory = FeatureDistillation,
         teacher_cache: str | None = None,
         teacher_precision: Literal["auto", "32"] = "auto",
+        teacher_scale: float = 1.0,
         num_classes: int | None = None,
         class_names: list[str] | None = None,
         backbone: BackboneConfig = DEFAULT_BACKBONE,
@@ -85,6 +92,7 @@ class FeatureDistillationTask(BaseTask):
         if teacher_precision not in ("auto", "32"):
             raise ConfigError(f"model.init_args.teacher_precision={teacher_precision!r}: 'auto' or '32'")
         self.teacher_precision = teacher_precision
+        self.teacher_scale = teacher_scale
         self._cache: TeacherFeatureCache | None = None
         super().__init__(
             num_classes=0,
@@ -117,7 +125,10 @@ class FeatureDistillationTask(BaseTask):
         encoder = self.teacher_config.build(load_pretrained=True)
         objective = follow_grad_checkpointing(head(backbone.embed_dim, encoder.embed_dim), backbone)
         self.__dict__["_built_teacher"] = FrozenTeacher(
-            encoder, getattr(objective, "teacher_blocks", 1), None if self.teacher_precision == "auto" else False
+            encoder,
+            getattr(objective, "teacher_blocks", 1),
+            None if self.teacher_precision == "auto" else False,
+            self.teacher_scale,
         )
         return objective
 
@@ -171,7 +182,7 @@ class FeatureDistillationTask(BaseTask):
         files = [sources[int(i)] for i in batch.index.tolist()]
         views = [view_fingerprint(images[i, :, :h, :w]) for i, (h, w) in enumerate(sizes.sizes)]
         cached = [self._cache.get(f, v) for f, v in zip(files, views, strict=True)]
-        teacher_sizes = sizes.at_stride(self.teacher.encoder.patch_size)
+        teacher_sizes = self.teacher.input_sizes(sizes).at_stride(self.teacher.encoder.patch_size)
         if any(c is None for c in cached):
             computed = self.teacher(images, sizes)
             for i, (h, w) in enumerate(teacher_sizes.grids):
