@@ -4,6 +4,7 @@ in the real on-disk layout, offline (pretrained weights swapped for random ones)
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.data.test_ade20k import label_map, write_pair
@@ -11,10 +12,11 @@ from tests.data.test_cifar import write_fake_cifar
 from tests.data.test_coco_panoptic import write_instances
 from tests.data.test_depth import write_sample
 from tests.data.test_imagefolder import make_split
+from vitdense.backbone.pretrained import create_backbone
 from vitdense.cli import main
 from vitdense.data import write_synthetic_coco, write_synthetic_panoptic, write_synthetic_pose_coco
 from vitdense.data.synthetic.keypoints import FIGURE
-from vitdense.tasks import MaskedImageModelingTask
+from vitdense.tasks import FeatureDistillationTask, MaskedImageModelingTask
 
 CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
 TESTED = {
@@ -33,6 +35,7 @@ TESTED = {
     "det_coco_rfdetr.yaml",
     "demo_pretrain.yaml",
     "demo_pretrain_mpp.yaml",
+    "demo_distill.yaml",
     "demo_linprobe.yaml",
     "pretrain_mae_imagenet.yaml",
     "pretrain_mpp_imagenet.yaml",
@@ -175,6 +178,13 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
             args.append("--model.init_args.backbone.model_args={depth: 2}")
     if config.name.startswith("pretrain_") and "MaskedAutoencoder" in str(cfg["model"]["init_args"]["objective"]):
         args.append("--model.init_args.objective.init_args.decoder_depth=1")  # MAE's 8-block decoder
+    if (
+        "teacher" in cfg["model"]["init_args"]
+    ):  # a distillation's teacher file (another demo's checkpoint): random weights
+        teacher = cfg["model"]["init_args"]["teacher"]
+        (tmp_path / teacher["checkpoint"]).parent.mkdir(parents=True, exist_ok=True)
+        encoder = create_backbone(teacher["name"], model_args=teacher.get("model_args"))
+        torch.save(encoder.state_dict(), tmp_path / teacher["checkpoint"])
     if config.name.startswith("eomt_"):  # ViT-L: a narrow 4-block one has its 4 joined blocks
         args.append("--model.init_args.backbone.model_args={patch_size: 16, depth: 4, embed_dim: 64, num_heads: 2}")
         args.append("--trainer.check_val_every_n_epoch=null")  # the fake sets hold one batch an epoch
@@ -206,7 +216,7 @@ def test_config_runs_a_few_steps(config, tmp_path, monkeypatch):
     ]
     cli = main(args)
     assert cli.trainer.global_step == 2
-    if not isinstance(cli.model, MaskedImageModelingTask):  # pre-training reads no labels
+    if not isinstance(cli.model, (MaskedImageModelingTask, FeatureDistillationTask)):  # pre-training reads no labels
         assert cli.model.num_classes == cli.datamodule.num_classes
     assert cli.model.backbone.img_size == (64, 64)  # linked from the data
     assert cli.model.monitor in cli.trainer.callback_metrics

@@ -40,6 +40,7 @@ FAMILY_HELP = {
     "DetectionTask": "object detection with DETR's or LW-DETR / RF-DETR's head",
     "DepthTask": "monocular depth with DPT's head (SILog, MiDaS's losses)",
     "MaskedImageModelingTask": "pre-training without labels: masked patch prediction, MAE",
+    "FeatureDistillationTask": "pre-training without labels: a frozen teacher's features taught to the backbone",
     "MultiTask": "several of these tasks trained on one encoder, each from its own data",
 }
 #: every command of `python -m vitdense`, in one line each (LightningCLI's four and vitdense's own)

@@ -1,7 +1,9 @@
 """Self-supervised pre-training on images without labels: the paper's masked patch
 prediction (`MaskedPatchPrediction`) and MAE (`MaskedAutoencoder`), their masking
-(`masking`) and patch targets (`targets`). The task is `vitdense.tasks.MaskedImageModelingTask`."""
+(`masking`) and patch targets (`targets`). The task is `vitdense.tasks.MaskedImageModelingTask`; feature distillation of a
+frozen teacher (`distillation`) is `vitdense.tasks.FeatureDistillationTask`."""
 
+from vitdense.pretrain.distillation import FeatureDistillation, FrozenTeacher, TeacherFeatureCache
 from vitdense.pretrain.masking import Corruption, TokenMasking, corrupt_tokens, random_masking
 from vitdense.pretrain.objectives import (
     MaskedAutoencoder,
@@ -13,6 +15,8 @@ from vitdense.pretrain.targets import MeanColorTarget, PatchTarget, PixelTarget,
 
 __all__ = [
     "Corruption",
+    "FeatureDistillation",
+    "FrozenTeacher",
     "MaskedAutoencoder",
     "MaskedImageObjective",
     "MaskedImageOutput",
@@ -20,6 +24,7 @@ __all__ = [
     "MeanColorTarget",
     "PatchTarget",
     "PixelTarget",
+    "TeacherFeatureCache",
     "TokenMasking",
     "corrupt_tokens",
     "patchify",

@@ -5,6 +5,7 @@ from vitdense.tasks.base import BaseTask
 from vitdense.tasks.classification import ClassificationTask
 from vitdense.tasks.depth import DepthTask
 from vitdense.tasks.detection import DetectionTask
+from vitdense.tasks.distillation import FeatureDistillationTask
 from vitdense.tasks.linear_probe import LinearProbeTask
 from vitdense.tasks.multitask import MultiTask
 from vitdense.tasks.pretrain import MaskedImageModelingTask
@@ -17,6 +18,7 @@ __all__ = [
     "ClassificationTask",
     "DepthTask",
     "DetectionTask",
+    "FeatureDistillationTask",
     "LinearProbeTask",
     "MaskedImageModelingTask",
     "MultiTask",
