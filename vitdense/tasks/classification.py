@@ -170,9 +170,6 @@ class ClassificationTask(BaseTask):
                 f"model.init_args.teacher_model={model!r} needs model.init_args.teacher_weights (a local weights "
                 "file; nothing is downloaded)"
             )
-        for path in (checkpoint, weights):
-            if path and not Path(path).is_file():
-                raise ConfigError(f"teacher file {path} does not exist (model.init_args.teacher_*)")
         if not 0.0 <= self.distillation_alpha <= 1.0 or self.distillation_tau <= 0:
             raise ConfigError("model.init_args.distillation_alpha must be in [0, 1] and distillation_tau > 0")
         self.head.set_distilled_training(True)
@@ -198,6 +195,10 @@ class ClassificationTask(BaseTask):
         `DistillationTeacher` (eval mode, `normalize_input`); `mean`, `std`: the student's
         normalisation (the DataModule's), None when unknown (taken as the teacher's)."""
         checkpoint, name, weights, trust = self._teacher_source
+        # (checked here, not in __init__: a distilled run's checkpoint restores without its teacher)
+        for key, path in (("teacher_checkpoint", checkpoint), ("teacher_weights", weights)):
+            if path and not Path(path).is_file():
+                raise ConfigError(f"model.init_args.{key}: {path} does not exist")
         if checkpoint:
             from vitdense.deploy.checkpoint import Checkpoint
 
