@@ -1,6 +1,6 @@
 """Task heads: plain `nn.Module`s from `ViTFeatures` to task outputs (they know nothing of Lightning)."""
 
-from vitdense.heads.classification import ClassificationHead, pool_tokens
+from vitdense.heads.classification import ClassificationHead, DistilledClassificationHead, pool_tokens
 from vitdense.heads.detr import DETRHead
 from vitdense.heads.dpt import DPTHead
 from vitdense.heads.eomt import EoMTHead
@@ -14,6 +14,7 @@ __all__ = [
     "ClassificationHead",
     "ConditionalQueryInitializer",
     "DETRHead",
+    "DistilledClassificationHead",
     "DPTHead",
     "EoMTHead",
     "KeypointHead",

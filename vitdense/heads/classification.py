@@ -79,3 +79,72 @@ class ClassificationHead(nn.Module):
     def forward(self, features: ViTFeatures) -> torch.Tensor:
         """-> logits [B, K]."""
         return self.fc(self.drop(pool_tokens(features, self.pool)))
+
+
+class DistilledClassificationHead(nn.Module):
+    """DeiT's two classifiers (Touvron et al., ICML 2021, section 4): `head` on the class
+    token, `head_dist` on the distillation token, as timm's `VisionTransformerDistilled`.
+
+    The layers carry timm's names, so timm's `head.*` and `head_dist.*` tensors load into
+    them unchanged (`load_timm_heads`). As timm's `distilled_training`: while training with
+    `distilled_training` set, the head returns both logits (the task trains `head` on the
+    labels and `head_dist` on the teacher); otherwise, and always in evaluation, it returns
+    their mean, which is how DeiT predicts. Needs a backbone with a distillation token (a
+    timm `deit_*_distilled_*` name): the task refuses any other.
+
+    Args:
+        embed_dim: D of the backbone.
+        num_classes: K.
+        drop_rate: dropout before both classifiers (timm's `head_drop`).
+        zero_init: as `ClassificationHead` (None: zero on a pre-trained backbone, else timm's init).
+    """
+
+    def __init__(self, embed_dim: int, num_classes: int, drop_rate: float = 0.0, zero_init: bool | None = None) -> None:
+        super().__init__()
+        self.zero_init = zero_init
+        self.distilled_training = False
+        self.drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes)
+        self.head_dist = nn.Linear(embed_dim, num_classes)
+        self._init_classifier(zero=bool(zero_init))
+
+    def _init_classifier(self, zero: bool) -> None:
+        for fc in (self.head, self.head_dist):
+            if zero:
+                nn.init.zeros_(fc.weight)
+            else:
+                trunc_normal_(fc.weight, std=0.02)
+            nn.init.zeros_(fc.bias)
+
+    def init_for_backbone(self, pretrained: bool) -> None:
+        """As `ClassificationHead.init_for_backbone`."""
+        if self.zero_init is None and pretrained:
+            self._init_classifier(zero=True)
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """timm's name: return (logits, dist_logits) in training mode."""
+        self.distilled_training = enable
+
+    def load_timm_heads(self, state_dict: dict[str, torch.Tensor]) -> bool:
+        """Copy timm's `head.*` and `head_dist.*` tensors when they fit (same K); returns
+        whether they did (a checkpoint for other classes leaves the heads as initialised)."""
+        tensors = {k: v for k, v in state_dict.items() if k.split(".")[0] in ("head", "head_dist")}
+        own = self.state_dict()
+        if set(tensors) != set(own) or any(tensors[k].shape != own[k].shape for k in own):
+            return False
+        self.load_state_dict(tensors)
+        return True
+
+    def forward_both(self, features: ViTFeatures) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (class-token logits [B, K], distillation-token logits [B, K])."""
+        if features.cls_token is None or features.prefix_tokens.shape[1] < 2:
+            raise ValueError("DistilledClassificationHead needs a backbone with class and distillation tokens")
+        tokens = self.drop(features.prefix_tokens[:, :2])
+        return self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
+
+    def forward(self, features: ViTFeatures) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """-> logits [B, K] (the two heads' mean), or the pair while distilled training."""
+        logits, dist_logits = self.forward_both(features)
+        if self.distilled_training and self.training and not torch.jit.is_scripting():
+            return logits, dist_logits
+        return (logits + dist_logits) / 2
