@@ -15,15 +15,13 @@ from __future__ import annotations
 import gzip
 import logging
 import zlib
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
 
 from vitdense.core.errors import DataError
 from vitdense.data.base import LoaderConfig, Triple
+from vitdense.data.cifar import CIFARImages
 from vitdense.data.classification import ClassificationDataModule, check_val_fraction, held_out_split
 from vitdense.data.transforms.classification import classification_train_transforms
 from vitdense.types import LabeledImages
@@ -144,31 +142,10 @@ def load_fashion_mnist(
     return images, targets
 
 
-class FashionMNISTImages(Dataset):
-    """Grayscale images held in memory, as `LabeledImages` with three equal channels.
-
-    Args:
-        images: [N, H, W] uint8.
-        labels: [N] class indices; None: unlabelled (label -1).
-        transform: albumentations-style callable, `transform(image=[H, W, 3] uint8)["image"]`
-            -> [3, H', W'] float tensor.
-        indices: which of the N images this dataset holds (a split of them); all by default.
-    """
-
-    def __init__(
-        self,
-        images: np.ndarray,
-        labels: np.ndarray | None,
-        transform: Callable[..., dict[str, Any]],
-        indices: np.ndarray | None = None,
-    ) -> None:
-        self.images = images
-        self.labels = labels
-        self.transform = transform
-        self.indices = np.arange(len(images)) if indices is None else indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
+class FashionMNISTImages(CIFARImages):
+    """Grayscale images held in memory, as `LabeledImages` with three equal channels
+    (`CIFARImages`' arguments, with images [N, H, W] uint8 and labels None for unlabelled
+    images: label -1)."""
 
     def __getitem__(self, index: int) -> LabeledImages:
         i = self.indices[index]

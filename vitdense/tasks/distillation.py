@@ -24,6 +24,7 @@ from vitdense.pretrain.distillation import (
     view_fingerprint,
 )
 from vitdense.tasks.base import DEFAULT_BACKBONE, BackboneConfig, BaseTask, Stage, follow_grad_checkpointing
+from vitdense.tasks.pretrain import record_objective
 from vitdense.training.optim import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 from vitdense.types import ImageSizes, LabeledImages, Losses
 
@@ -103,13 +104,7 @@ class FeatureDistillationTask(BaseTask):
             lr_interval=lr_interval,
             compile=compile,
         )
-        recorded = self.hparams.pop("head", None)  # the base recorded the factory under its own name, "head"
-        if recorded is not None:
-            self.hparams["objective"] = recorded
-        else:
-            self.hparams.pop("objective", None)
-        self.hparams.pop("num_classes", None)
-        self.hparams.pop("class_names", None)
+        record_objective(self.hparams)
 
     @property
     def objective(self) -> FeatureDistillation:

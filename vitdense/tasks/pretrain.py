@@ -71,14 +71,7 @@ class MaskedImageModelingTask(BaseTask):
             lr_interval=lr_interval,
             compile=compile,
         )
-        # the base recorded the factory as plain data under its own name, "head"
-        recorded = self.hparams.pop("head", None)
-        if recorded is not None:
-            self.hparams["objective"] = recorded
-        else:
-            self.hparams.pop("objective", None)
-        self.hparams.pop("num_classes", None)
-        self.hparams.pop("class_names", None)
+        record_objective(self.hparams)
 
     @property
     def objective(self) -> MaskedImageObjective:
@@ -134,3 +127,15 @@ class MaskedImageModelingTask(BaseTask):
         """The model rebuilt without the task (`vitdense.load_model`, `export --format weights`);
         it predicts nothing."""
         return MaskedImageInference()
+
+
+def record_objective(hparams: dict[str, Any]) -> None:
+    """A pre-training task's hparams as its arguments: the base recorded the objective's
+    factory (as plain data) under its own name, "head"; the labels' arguments are unused."""
+    recorded = hparams.pop("head", None)
+    if recorded is not None:
+        hparams["objective"] = recorded
+    else:
+        hparams.pop("objective", None)
+    hparams.pop("num_classes", None)
+    hparams.pop("class_names", None)
