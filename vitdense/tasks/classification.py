@@ -16,7 +16,6 @@ from timm.data import IMAGENET_DEFAULT_MEAN as IMAGENET_MEAN
 from timm.data import IMAGENET_DEFAULT_STD as IMAGENET_STD
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from timm.task.distillation import DistillationTeacher
 from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
@@ -227,6 +226,13 @@ class ClassificationTask(BaseTask):
                 ) from err
         if getattr(model, "num_classes", self.num_classes) != self.num_classes:
             raise ConfigError(f"teacher has {model.num_classes} classes, the task {self.num_classes}")
+        try:  # (timm >= 1.0.23; imported here: the rest of the task works with older timm)
+            from timm.task.distillation import DistillationTeacher
+        except ImportError as err:
+            raise ConfigError(
+                f"model.init_args.teacher_model: a timm teacher needs timm >= 1.0.23 (timm.task); this is timm "
+                f"{timm.__version__}: `pip install -U timm`, or use teacher_checkpoint (a vitdense run)"
+            ) from err
         teacher = DistillationTeacher(model)
         teacher.requires_grad_(False)
         return teacher.eval()
