@@ -353,3 +353,45 @@ def test_multitask_demo_runs_each_task_alone_as_the_command_line_takes_it(capsys
         printed = yaml.safe_load(capsys.readouterr().out)
         assert printed["data"]["init_args"]["kind"] == kind
         assert printed["model"]["class_path"] == config["model"]["init_args"]["tasks"][name]["class_path"]
+
+
+def test_distill_study_fits_every_run_at_equal_cpu_time_and_prints_the_table(capsys, tmp_path):
+    """The study end to end on generated Fashion-MNIST files at the smallest sizes: every run
+    fitted through the CLI from the config it wrote, MAE given the distillation's CPU time, the
+    table printed; a rerun reads results.json and fits nothing."""
+    import json
+
+    import yaml
+
+    from tests.data.test_fashion_mnist import write_fashion_mnist
+
+    write_fashion_mnist(tmp_path / "fm")
+    tiny = '{"patch_size": 7, "depth": 1, "embed_dim": 16, "num_heads": 2}'
+    argv = [
+        "distill-study", "--root", str(tmp_path / "fm"), "--out", str(tmp_path / "out"), "--seeds", "0",
+        "--batch-size", "6", "--teacher-epochs", "1", "--pretrain-steps", "3", "--calibration-steps", "5",
+        "--probe-epochs", "1", "--finetune-epochs", "1", "--teacher-args", tiny, "--student-args", tiny,
+    ]  # fmt: skip
+    main(argv)
+    first = capsys.readouterr().out
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    runs = {"teacher", "probe_teacher", "mae_calibration", "distill_s0", "mae_s0", "deit_s0"}
+    runs |= {f"{kind}_{init}_s0" for kind in ("probe", "finetune") for init in ("random", "mae", "distill")}
+    assert runs <= set(results)
+    assert results["distill_s0"]["steps"] == 3
+    cpu_per_step = results["mae_calibration"]["cpu_per_step"]
+    assert cpu_per_step > 0 and results["mae_s0"]["steps"] == max(
+        round(results["distill_s0"]["cpu_s"] / cpu_per_step), 1
+    )
+    assert all(0 <= results[name]["acc1"] <= 100 for name in runs if name.startswith(("probe", "finetune", "deit")))
+    config = yaml.safe_load((tmp_path / "out" / "distill_s0" / "config.yaml").read_text())
+    assert config["model"]["init_args"]["teacher"]["checkpoint"] == results["teacher"]["checkpoint"]
+    deit = yaml.safe_load((tmp_path / "out" / "deit_s0" / "config.yaml").read_text())["model"]["init_args"]
+    assert deit["distillation"] == "hard" and deit["backbone"]["name"] == "deit_tiny_distilled_patch16_224"
+    finetune = yaml.safe_load((tmp_path / "out" / "finetune_mae_s0" / "config.yaml").read_text())
+    assert finetune["model"]["init_args"]["backbone"]["checkpoint"] == results["mae_s0"]["checkpoint"]
+    rows = ("teacher ViT", "random initialisation", "MAE", "distillation", "DeiT hard distillation")
+    assert all(row in first for row in rows)
+    main(argv)
+    again = capsys.readouterr().out
+    assert "# distill-study: teacher\n" not in again and again.splitlines()[-4:] == first.splitlines()[-4:]

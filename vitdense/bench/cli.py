@@ -11,6 +11,8 @@ from vitdense.bench.cold_start import add_parser as add_cold_start
 from vitdense.bench.cold_start import bench_cold_start, print_cold_start
 from vitdense.bench.common import PRECISIONS
 from vitdense.bench.data import bench_data, print_data
+from vitdense.bench.distillation import add_parser as add_distill_study
+from vitdense.bench.distillation import run_study
 from vitdense.bench.detection import bench_det_heads, print_det_heads
 from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     mt.add_argument("--threads", type=int, default=None, help="torch and onnxruntime threads (default: torch's)")
     mt.add_argument("--repeats", type=int, default=5, help="timed rounds per batch size and runtime")
     mt.add_argument("--warmup", type=int, default=1)
+    add_distill_study(sub)
     args = parser.parse_args(argv)
     if args.command == "backbone":
         print_backbone(args, bench_backbone(args))
@@ -222,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "multitask-demo":
         runs = bench_multitask_demo(args.config, args.seeds, args.out, args.max_epochs)
         print_multitask_demo(runs, args.seeds)
+    elif args.command == "distill-study":
+        run_study(args)
     elif args.command == "multitask":
         if len(set(args.heads)) != len(args.heads):
             parser.error(f"multitask --heads {' '.join(args.heads)}: each head once")
