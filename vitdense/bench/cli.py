@@ -11,9 +11,9 @@ from vitdense.bench.cold_start import add_parser as add_cold_start
 from vitdense.bench.cold_start import bench_cold_start, print_cold_start
 from vitdense.bench.common import PRECISIONS
 from vitdense.bench.data import bench_data, print_data
+from vitdense.bench.detection import bench_det_heads, print_det_heads
 from vitdense.bench.distillation import add_parser as add_distill_study
 from vitdense.bench.distillation import run_study
-from vitdense.bench.detection import bench_det_heads, print_det_heads
 from vitdense.bench.eomt import run_eomt_peer
 from vitdense.bench.evaluation import bench_eval, print_eval
 from vitdense.bench.export import bench_export, print_export
