@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vitdense.bench import main
+from vitdense.core.errors import ConfigError
 
 
 def test_backbone_bench_prints_ratio(capsys):
@@ -395,3 +396,5 @@ def test_distill_study_fits_every_run_at_equal_cpu_time_and_prints_the_table(cap
     main(argv)
     again = capsys.readouterr().out
     assert "# distill-study: teacher\n" not in again and again.splitlines()[-4:] == first.splitlines()[-4:]
+    with pytest.raises(ConfigError, match="other settings.*teacher_epochs"):
+        main([*argv, "--teacher-epochs", "2"])  # (the last value wins)

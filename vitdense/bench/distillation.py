@@ -37,7 +37,8 @@ Accuracy is on the 10,000 test images (the validation split of FashionMNISTDataM
 probe's best learning rate is chosen on it, as DINOv2's protocol chooses on ImageNet's
 validation set). Printed: mean and sample standard deviation over `--seeds` per row, the
 pre-training CPU and wall seconds, and the CPU. Results are kept in `--out/results.json` run by
-run: a rerun skips the runs already there (delete the file, or a run's entry, to redo it).
+run: a rerun skips the runs already there (delete the file, or a run's entry, to redo it) and
+refuses a file made with other settings (`--seeds` may change).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from vitdense.bench.common import cpu_kind
+from vitdense.core.errors import ConfigError
 from vitdense.data.fashion_mnist import FASHION_MNIST_ROOT
 
 #: the student: 0.46 M parameters (a sixth of the teacher's), 49 tokens of 4 x 4 pixels
@@ -99,6 +101,14 @@ class Study:
         self.out = Path(args.out)
         self.path = self.out / "results.json"
         self.results: dict[str, dict[str, Any]] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        # runs made with other settings are not this study's: refuse rather than mix them in
+        settings = {k: v for k, v in vars(args).items() if k not in ("command", "out", "seeds")}
+        other = {k: v for k, v in self.results.get("settings", settings).items() if settings.get(k) != v}
+        if other:
+            raise ConfigError(
+                f"{self.path} holds runs made with other settings ({other}); give another --out or delete the file"
+            )
+        self.results["settings"] = settings
 
     # -- configs ------------------------------------------------------------------------------
 
