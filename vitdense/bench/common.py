@@ -46,6 +46,17 @@ def time_call(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
+def spread(values: list[float], digits: int = 4, width: int = 0) -> str:
+    """ "mean ± sample standard deviation" of `values` (the mean alone for one value, "-" for none),
+    `digits` decimals, the mean padded to `width` characters."""
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:{width}.{digits}f}"
+    return f"{mean:{width}.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
 def cpu_kind() -> str:
     """The CPU model and the capability torch uses (e.g. "AMD EPYC, AVX512")."""
     name = "unknown CPU"

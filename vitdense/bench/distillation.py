@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from vitdense.bench.common import cpu_kind
+from vitdense.bench.common import cpu_kind, spread
 from vitdense.core.errors import ConfigError
 from vitdense.data.fashion_mnist import FASHION_MNIST_ROOT
 
@@ -302,10 +302,7 @@ class Study:
 
 
 def _spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean = statistics.fmean(values)
-    return f"{mean:5.1f} ± {statistics.stdev(values):3.1f}" if len(values) > 1 else f"{mean:5.1f}"
+    return spread(values, digits=1, width=5)
 
 
 def print_study(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> None:

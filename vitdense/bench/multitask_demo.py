@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from vitdense.bench.common import cpu_kind
+from vitdense.bench.common import cpu_kind, spread
 
 #: the figure printed per task: (joint key, alone key, higher is better)
 FIGURES = {
@@ -95,13 +95,6 @@ def bench_multitask_demo(config_path: str, seeds: list[int], out: str, max_epoch
     return runs
 
 
-def _spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean = statistics.fmean(values)
-    return f"{mean:.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{mean:.4f}"
-
-
 def print_multitask_demo(runs: dict[str, Any], seeds: list[int]) -> None:
     import torch
 
@@ -132,6 +125,6 @@ def print_multitask_demo(runs: dict[str, Any], seeds: list[int]) -> None:
                 at_time.append(within[-1])
         per_step = statistics.fmean(r["seconds"] / r["steps"] for r in alone)
         print(
-            f"{name:6} {alone_key.removeprefix('val/'):14} {_spread([v for v in final_joint if v is not None]):>18} "
-            f"{_spread([v for v in final_alone if v is not None]):>18} {_spread(at_time):>18}  {per_step:.3f}"
+            f"{name:6} {alone_key.removeprefix('val/'):14} {spread([v for v in final_joint if v is not None]):>18} "
+            f"{spread([v for v in final_alone if v is not None]):>18} {spread(at_time):>18}  {per_step:.3f}"
         )
